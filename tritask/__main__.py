@@ -1,0 +1,5 @@
+import sys
+
+from tritask.cli import main
+
+sys.exit(main())

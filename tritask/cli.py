@@ -1,0 +1,187 @@
+"""``tritask serve``: serve an app over HTTP, stdio and/or WebSocket until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import trio
+
+from tritask.server.app import App
+from tritask.server.extension import ServeEnvironment
+
+log = logging.getLogger("tritask.cli")
+
+DEFAULT_STORE = "sqlite:tritask.db"
+
+
+def load_app(spec: str) -> App:
+    """Load ``module:attribute`` or ``path/to/file.py:attribute`` (attribute defaults to app)."""
+    target, _, attribute = spec.partition(":")
+    attribute = attribute or "app"
+    if target.endswith(".py") or os.sep in target:
+        path = Path(target).resolve()
+        if not path.is_file():
+            raise SystemExit(f"tritask: no such file: {target}")
+        module_name = f"_tritask_app_{path.stem}"
+        module_spec = importlib.util.spec_from_file_location(module_name, path)
+        if module_spec is None or module_spec.loader is None:
+            raise SystemExit(f"tritask: cannot import {target}")
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[module_name] = module
+        sys.path.insert(0, str(path.parent))
+        module_spec.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as error:
+            raise SystemExit(f"tritask: cannot import {target}: {error}") from error
+    app = getattr(module, attribute, None)
+    if callable(app) and not isinstance(app, App):
+        app = app()
+    if not isinstance(app, App):
+        raise SystemExit(f"tritask: {spec} is not a tritask.App")
+    return app
+
+
+def _host_port(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep:
+        raise argparse.ArgumentTypeError("expected HOST:PORT")
+    try:
+        number = int(port)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError("PORT must be an integer") from error
+    if not 0 <= number <= 65535:
+        raise argparse.ArgumentTypeError("PORT must be in 0..65535")
+    return host.strip("[]") or "127.0.0.1", number
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tritask", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve an MCP app")
+    serve.add_argument("app", nargs="?", help="module:attribute or path/to/file.py:attribute")
+    serve.add_argument("--http", type=_host_port, metavar="HOST:PORT", help="Streamable HTTP")
+    serve.add_argument("--stdio", action="store_true", help="serve on stdin/stdout")
+    serve.add_argument("--ws", type=_host_port, metavar="HOST:PORT", help="WebSocket")
+    serve.add_argument(
+        "--store",
+        default=os.environ.get("TRITASK_STORE", DEFAULT_STORE),
+        help=f"task store URL: memory:, sqlite:PATH, postgresql://... (default {DEFAULT_STORE})",
+    )
+    serve.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="accept this Host header (repeatable; default loopback only; '*' for any)",
+    )
+    serve.add_argument(
+        "--allow-origin", action="append", default=[], metavar="ORIGIN", help="accept this Origin"
+    )
+    serve.add_argument("--log-level", default=os.environ.get("TRITASK_LOG_LEVEL", "INFO"))
+    extra = getattr(sys.modules[__name__], "_extra_commands", None)
+    if extra is not None:
+        extra(commands)
+    return parser
+
+
+async def serve(args: argparse.Namespace) -> None:
+    from tritask.transports.http import LOOPBACK_HOSTS, HttpOptions, serve_http
+
+    if args.app:
+        app = load_app(args.app)
+    else:
+        from tritask._demo import build_demo_app
+
+        app = build_demo_app()
+    if not (args.http or args.stdio or args.ws):
+        args.http = ("127.0.0.1", 8000)
+    env = ServeEnvironment(store_url=args.store)
+    shutdown = trio.Event()
+    allowed_hosts: tuple[str, ...] | None = LOOPBACK_HOSTS
+    if "*" in args.allow_host:
+        allowed_hosts = None
+    elif args.allow_host:
+        allowed_hosts = (*LOOPBACK_HOSTS, *args.allow_host)
+    options = HttpOptions(
+        allowed_hosts=allowed_hosts,
+        allowed_origins=tuple(args.allow_origin) or None,
+    )
+
+    async def shutdown_trigger() -> None:
+        await shutdown.wait()
+
+    async with app.running(env), trio.open_nursery() as nursery:
+        nursery.start_soon(_watch_signals, shutdown)
+        if args.http:
+            host, port = args.http
+            binds = await nursery.start(
+                lambda task_status: serve_http(
+                    app,
+                    host,
+                    port,
+                    options=options,
+                    shutdown_trigger=shutdown_trigger,
+                    task_status=task_status,
+                )
+            )
+            for bind in binds:
+                print(f"tritask: serving Streamable HTTP on {bind}/mcp", file=sys.stderr, flush=True)
+        if args.ws:
+            from tritask.transports.websocket import serve_websocket
+
+            host, port = args.ws
+            url = await nursery.start(
+                lambda task_status: serve_websocket(app, host, port, task_status=task_status)
+            )
+            print(f"tritask: serving WebSocket on {url}", file=sys.stderr, flush=True)
+        if args.stdio:
+            from tritask.transports.stdio import serve_stdio
+
+            print("tritask: serving stdio", file=sys.stderr, flush=True)
+
+            async def stdio_then_stop() -> None:
+                await serve_stdio(app)
+                shutdown.set()
+
+            nursery.start_soon(stdio_then_stop)
+        await shutdown.wait()
+        app.hub.close()
+        print("tritask: shutting down", file=sys.stderr, flush=True)
+        with trio.move_on_after(10):
+            await trio.sleep(0.05)
+        nursery.cancel_scope.deadline = trio.current_time() + 10
+
+
+async def _watch_signals(shutdown: trio.Event) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            shutdown.set()
+            return
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    handler = getattr(args, "handler", None)
+    if handler is not None:
+        return int(handler(args) or 0)
+    if args.command == "serve":
+        trio.run(serve, args)
+        return 0
+    parser.error(f"unknown command {args.command}")
+    return 2

@@ -1,0 +1,220 @@
+"""JSON-RPC 2.0: one message in, one message out, and the error object.
+
+This room knows nothing about MCP. It parses exactly one message (batches are refused, as
+MCP 2026-07-28 forbids them), shapes responses, and defines the error type every other room
+raises. Messages never leak internals: the error's ``message`` is what the client sees, and
+anything private stays in the server log.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, ClassVar, Final, TypeAlias
+
+import attrs
+
+JSONValue: TypeAlias = Any
+"""A value that survives ``json.dumps``/``json.loads`` unchanged (checked where it matters)."""
+
+RequestId: TypeAlias = str | int
+
+JSONRPC_VERSION: Final = "2.0"
+
+
+class JsonRpcError(Exception):
+    """An error that becomes a JSON-RPC error object.
+
+    The class carries the code, so ``raise InvalidParams("...")`` is all a handler writes.
+    """
+
+    code: ClassVar[int] = -32603
+    default_message: ClassVar[str] = "Internal error"
+
+    def __init__(self, message: str | None = None, data: JSONValue = None) -> None:
+        self.message = message if message is not None else self.default_message
+        self.data = data
+        super().__init__(self.message)
+
+    def to_error(self) -> dict[str, JSONValue]:
+        error: dict[str, JSONValue] = {"code": self.code, "message": self.message}
+        if self.data is not None:
+            error["data"] = self.data
+        return error
+
+
+class ParseError(JsonRpcError):
+    code = -32700
+    default_message = "Parse error"
+
+
+class InvalidRequest(JsonRpcError):
+    code = -32600
+    default_message = "Invalid request"
+
+
+class MethodNotFound(JsonRpcError):
+    code = -32601
+    default_message = "Method not found"
+
+
+class InvalidParams(JsonRpcError):
+    code = -32602
+    default_message = "Invalid params"
+
+
+class InternalError(JsonRpcError):
+    code = -32603
+    default_message = "Internal error"
+
+
+class CustomError(JsonRpcError):
+    """An error with an application-chosen code (e.g. an authorization refusal)."""
+
+    def __init__(self, code: int, message: str, data: JSONValue = None) -> None:
+        super().__init__(message, data)
+        self.code = code  # type: ignore[misc]
+
+
+@attrs.frozen
+class Request:
+    id: RequestId
+    method: str
+    params: dict[str, JSONValue] | None = None
+
+
+@attrs.frozen
+class Notification:
+    method: str
+    params: dict[str, JSONValue] | None = None
+
+
+@attrs.frozen
+class Response:
+    """A received response (only clients and tests see these)."""
+
+    id: RequestId | None
+    result: dict[str, JSONValue] | None = None
+    error: dict[str, JSONValue] | None = None
+
+
+Message: TypeAlias = Request | Notification
+
+
+class MessageError(JsonRpcError):
+    """A parse failure that still knows the request id, when it could be read."""
+
+    def __init__(self, cause: JsonRpcError, request_id: RequestId | None) -> None:
+        super().__init__(cause.message, cause.data)
+        self.code = cause.code  # type: ignore[misc]
+        self.request_id = request_id
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def loads(data: bytes | str) -> JSONValue:
+    """Strict JSON: no NaN/Infinity, UTF-8 only."""
+    if isinstance(data, bytes | bytearray):
+        text = bytes(data).decode("utf-8")
+    else:
+        text = data
+    return json.loads(text, parse_constant=_reject_constant)
+
+
+def dumps(value: JSONValue) -> str:
+    """Compact JSON with no embedded newlines (stdio frames are one line)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _valid_id(value: object) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return True
+    return isinstance(value, str)
+
+
+def parse_message(data: bytes | str) -> Message:
+    """Parse one JSON-RPC request or notification.
+
+    Raises ``MessageError`` carrying -32700 (not JSON) or -32600 (not one valid message),
+    with the request id when the envelope exposed one, so the error can echo it.
+    """
+    try:
+        value = loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise MessageError(ParseError("Parse error: the body is not valid JSON"), None) from exc
+    return message_from_value(value)
+
+
+def message_from_value(value: JSONValue) -> Message:
+    if isinstance(value, list):
+        raise MessageError(
+            InvalidRequest("Invalid request: batches are not supported; send one message"), None
+        )
+    if not isinstance(value, dict):
+        raise MessageError(InvalidRequest("Invalid request: expected a JSON object"), None)
+    raw_id = value.get("id")
+    request_id: RequestId | None = raw_id if _valid_id(raw_id) else None
+    if value.get("jsonrpc") != JSONRPC_VERSION:
+        raise MessageError(InvalidRequest('Invalid request: "jsonrpc" must be "2.0"'), request_id)
+    method = value.get("method")
+    if not isinstance(method, str) or not method:
+        if "result" in value or "error" in value:
+            raise MessageError(
+                InvalidRequest("Invalid request: servers do not accept responses"), request_id
+            )
+        raise MessageError(
+            InvalidRequest('Invalid request: "method" must be a non-empty string'), request_id
+        )
+    params = value.get("params")
+    if params is not None and not isinstance(params, dict):
+        raise MessageError(
+            InvalidRequest('Invalid request: "params" must be an object'), request_id
+        )
+    if "id" in value:
+        if request_id is None:
+            raise MessageError(
+                InvalidRequest('Invalid request: "id" must be a string or an integer'), None
+            )
+        return Request(id=request_id, method=method, params=params)
+    return Notification(method=method, params=params)
+
+
+def result_message(request_id: RequestId, result: dict[str, JSONValue]) -> dict[str, JSONValue]:
+    return {"jsonrpc": JSONRPC_VERSION, "id": request_id, "result": result}
+
+
+def error_message(
+    request_id: RequestId | None, error: JsonRpcError | dict[str, JSONValue]
+) -> dict[str, JSONValue]:
+    body = error.to_error() if isinstance(error, JsonRpcError) else error
+    return {"jsonrpc": JSONRPC_VERSION, "id": request_id, "error": body}
+
+
+def notification_message(
+    method: str, params: dict[str, JSONValue] | None = None
+) -> dict[str, JSONValue]:
+    message: dict[str, JSONValue] = {"jsonrpc": JSONRPC_VERSION, "method": method}
+    if params is not None:
+        message["params"] = params
+    return message
+
+
+def is_json_value(value: object, _depth: int = 0) -> bool:
+    """True when ``value`` is made only of JSON types (finite floats, str keys)."""
+    if _depth > 200:
+        return False
+    if value is None or isinstance(value, bool | str | int):
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, list | tuple):
+        return all(is_json_value(item, _depth + 1) for item in value)
+    if isinstance(value, dict):
+        return all(
+            isinstance(key, str) and is_json_value(item, _depth + 1) for key, item in value.items()
+        )
+    return False

@@ -1,0 +1,59 @@
+"""MCP 2026-07-28 error classes and their HTTP statuses.
+
+The codes live on the classes (see :mod:`tritask.jsonrpc`); the HTTP status table is a protocol
+rule that every HTTP transport applies the same way, so it lives here and not in the transport.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from tritask.jsonrpc import JsonRpcError, JSONValue
+
+
+class HeaderMismatch(JsonRpcError):
+    """A required HTTP header is missing, malformed or disagrees with the body."""
+
+    code = -32020
+    default_message = "Header mismatch"
+
+
+class MissingRequiredClientCapability(JsonRpcError):
+    """The request needs a client capability it did not declare in its own ``_meta``."""
+
+    code = -32021
+    default_message = "Missing required client capability"
+
+    def __init__(
+        self, required: dict[str, JSONValue], message: str | None = None
+    ) -> None:
+        super().__init__(message, {"requiredCapabilities": required})
+        self.required = required
+
+
+class UnsupportedProtocolVersion(JsonRpcError):
+    code = -32022
+    default_message = "Unsupported protocol version"
+
+    def __init__(self, requested: JSONValue, supported: list[str]) -> None:
+        super().__init__(
+            f"Unsupported protocol version; supported: {', '.join(supported)}",
+            {"supported": supported, "requested": requested},
+        )
+
+
+_STATUS: Final[dict[int, int]] = {
+    -32700: 400,
+    -32600: 400,
+    -32601: 404,
+    -32602: 400,
+    -32603: 500,
+    -32020: 400,
+    -32021: 400,
+    -32022: 400,
+}
+
+
+def http_status_for(code: int) -> int:
+    """HTTP status for a JSON-RPC error code; codes outside the table travel with 200."""
+    return _STATUS.get(code, 200)

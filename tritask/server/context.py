@@ -1,0 +1,197 @@
+"""The request ``Context`` a handler receives, and its detached form for background work.
+
+A context is built per request from that request alone (2026-07-28 is stateless). It offers
+progress and logging on the request's own stream, the caller's principal, the MRTR inputs of a
+retried request, and the request's cancel scope. ``detach()`` makes the form a task worker may
+keep after the request is gone: principal and negotiated capabilities stay; transport, request
+id, progress token, ``_meta`` and request cancellation are dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+import trio
+
+from tritask.jsonrpc import JSONValue, RequestId, notification_message
+from tritask.protocol.capabilities import declared, elicitation_modes
+from tritask.protocol.meta import LOG_LEVELS, RequestMeta
+from tritask.server.mrtr import InputRequired
+
+if TYPE_CHECKING:
+    from tritask.server.app import App
+
+log = logging.getLogger("tritask.server")
+
+Emit = Callable[[dict[str, JSONValue]], Awaitable[None]]
+
+
+class NotInTask(RuntimeError):
+    """``await_input`` was called outside a task (use ``InputRequired`` for plain requests)."""
+
+
+class InputProvider(Protocol):
+    """What a task runtime installs in a detached context so work can ask for input."""
+
+    async def await_input(self, key: str, request: dict[str, JSONValue]) -> dict[str, JSONValue]:
+        ...
+
+
+class Context:
+    """Everything a handler may know about the request it serves."""
+
+    def __init__(
+        self,
+        *,
+        app: App,
+        method: str,
+        meta: RequestMeta,
+        principal: Any = None,
+        transport: str = "direct",
+        request_id: RequestId | None = None,
+        params: Mapping[str, JSONValue] | None = None,
+        extensions: Mapping[str, JSONValue] | None = None,
+        emit: Emit | None = None,
+        cancel_scope: trio.CancelScope | None = None,
+        input_responses: dict[str, JSONValue] | None = None,
+        request_state: JSONValue = None,
+        input_provider: InputProvider | None = None,
+        task_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> None:
+        self.app = app
+        self.method = method
+        self.meta = meta
+        self.principal = principal
+        self.transport = transport
+        self.request_id = request_id
+        self.params: Mapping[str, JSONValue] = params or {}
+        self.extensions: Mapping[str, JSONValue] = extensions or {}
+        self._emit = emit
+        self.cancel_scope = cancel_scope
+        self.input_responses = input_responses
+        self.request_state = request_state
+        self._input_provider = input_provider
+        self.task_id = task_id
+        self.idempotency_key = idempotency_key
+        self._last_progress: float | None = None
+
+    # -- identity and capabilities -------------------------------------------------------
+
+    @property
+    def protocol_version(self) -> str:
+        return self.meta.protocol_version
+
+    @property
+    def client_capabilities(self) -> Mapping[str, JSONValue]:
+        return self.meta.client_capabilities
+
+    @property
+    def client_info(self) -> Mapping[str, JSONValue] | None:
+        return self.meta.client_info
+
+    def has_capability(self, name: str) -> bool:
+        """Whether *this request* declared the client capability ``name``."""
+        return declared(self.meta.client_capabilities, name)
+
+    def elicitation_modes(self) -> frozenset[str]:
+        return elicitation_modes(self.meta.client_capabilities)
+
+    def negotiated(self, extension_id: str) -> bool:
+        return extension_id in self.extensions
+
+    @property
+    def detached(self) -> bool:
+        return self.transport == "task"
+
+    # -- request-scoped notifications ----------------------------------------------------
+
+    async def progress(
+        self, progress: float, total: float | None = None, message: str | None = None
+    ) -> None:
+        """Report progress on this request's stream (only when it sent a progressToken)."""
+        token = self.meta.progress_token
+        if token is None or self._emit is None:
+            return
+        if self._last_progress is not None and progress <= self._last_progress:
+            log.debug("dropping non-increasing progress %s", progress)
+            return
+        self._last_progress = progress
+        params: dict[str, JSONValue] = {"progressToken": token, "progress": progress}
+        if total is not None:
+            params["total"] = total
+        if message is not None:
+            params["message"] = message
+        await self._emit(notification_message("notifications/progress", params))
+
+    async def log(self, level: str, data: JSONValue, logger: str | None = None) -> None:
+        """Send ``notifications/message`` only if this request opted in with ``logLevel``."""
+        threshold = self.meta.log_level
+        if threshold is None or self._emit is None or level not in LOG_LEVELS:
+            return
+        if LOG_LEVELS.index(level) < LOG_LEVELS.index(threshold):
+            return
+        params: dict[str, JSONValue] = {"level": level, "data": data}
+        if logger is not None:
+            params["logger"] = logger
+        await self._emit(notification_message("notifications/message", params))
+
+    async def send_notification(self, method: str, params: dict[str, JSONValue]) -> None:
+        """Emit a notification on this request's own stream (listen streams use this)."""
+        if self._emit is not None:
+            await self._emit(notification_message(method, params))
+
+    # -- MRTR and task input -------------------------------------------------------------
+
+    def input_required(
+        self, requests: dict[str, dict[str, JSONValue]] | None = None, state: JSONValue = None
+    ) -> InputRequired:
+        return InputRequired(dict(requests or {}), state)
+
+    def input_response(self, key: str) -> dict[str, JSONValue] | None:
+        """The client's answer to input request ``key`` on this retry, if it sent one."""
+        if not self.input_responses:
+            return None
+        value = self.input_responses.get(key)
+        return value if isinstance(value, dict) else None
+
+    async def await_input(self, key: str, request: dict[str, JSONValue]) -> dict[str, JSONValue]:
+        """Park a running task until the client answers ``request`` via ``tasks/update``."""
+        if self._input_provider is None:
+            raise NotInTask(
+                "await_input is only available inside a task; return InputRequired instead"
+            )
+        return await self._input_provider.await_input(key, request)
+
+    # -- cancellation --------------------------------------------------------------------
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel_scope is not None and self.cancel_scope.cancel_called
+
+    def detach(
+        self,
+        *,
+        input_provider: InputProvider | None = None,
+        task_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Context:
+        """The worker form of this context: keep who and what, drop the request itself."""
+        meta = RequestMeta(
+            protocol_version=self.meta.protocol_version,
+            client_capabilities=self.meta.client_capabilities,
+            client_info=self.meta.client_info,
+        )
+        return Context(
+            app=self.app,
+            method=self.method,
+            meta=meta,
+            principal=self.principal,
+            transport="task",
+            extensions=self.extensions,
+            input_provider=input_provider,
+            task_id=task_id,
+            idempotency_key=idempotency_key,
+        )

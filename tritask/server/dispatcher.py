@@ -1,0 +1,482 @@
+"""The dispatcher: one request in, one response out, in the exact validation order.
+
+Order (the conformance suite depends on it): version header present, ``_meta`` fields, header
+version equals body version, version supported, routing headers, method known, capability
+declared, then the method's own parameters. Transports without headers skip the header steps.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import trio
+
+from tritask.jsonrpc import (
+    InternalError,
+    InvalidParams,
+    JsonRpcError,
+    JSONValue,
+    MethodNotFound,
+    Request,
+    error_message,
+    result_message,
+)
+from tritask.protocol import headers as hdr
+from tritask.protocol.capabilities import declared_extensions, require_input_request
+from tritask.protocol.errors import MissingRequiredClientCapability, UnsupportedProtocolVersion
+from tritask.protocol.meta import (
+    SERVER_INFO_KEY,
+    SUBSCRIPTION_ID_KEY,
+    parse_optional_meta,
+    parse_request_meta,
+)
+from tritask.protocol.versions import INPUT_REQUIRED_METHODS, SUPPORTED_VERSIONS
+from tritask.server.app import App
+from tritask.server.context import Context, Emit
+from tritask.server.extension import CallNext, ToolCall
+from tritask.server.mrtr import InputRequired
+from tritask.server.results import (
+    InvalidResult,
+    ToolError,
+    prompt_result,
+    resource_contents,
+    tool_error_result,
+    tool_result,
+)
+from tritask.server.schema import validation_errors
+
+log = logging.getLogger("tritask.server")
+
+Handler = Callable[[dict[str, JSONValue], Context], Awaitable[dict[str, JSONValue]]]
+
+_LIST_FLAGS = {
+    "toolsListChanged": "tools",
+    "promptsListChanged": "prompts",
+    "resourcesListChanged": "resources",
+}
+
+
+def _name_param(method: str, params: Mapping[str, JSONValue]) -> str | None:
+    source = hdr.CORE_NAME_SOURCES.get(method)
+    value = params.get(source) if source else None
+    return value if isinstance(value, str) else None
+
+
+class Dispatcher:
+    """Routes requests for one ``App``; stateless between requests."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+        self._core: dict[str, tuple[str | None, Handler]] = {
+            "server/discover": (None, self._discover),
+            "tools/list": ("tools", self._tools_list),
+            "tools/call": ("tools", self._tools_call),
+            "prompts/list": ("prompts", self._prompts_list),
+            "prompts/get": ("prompts", self._prompts_get),
+            "resources/list": ("resources", self._resources_list),
+            "resources/templates/list": ("resources", self._templates_list),
+            "resources/read": ("resources", self._resources_read),
+            "completion/complete": ("completions", self._complete),
+            "subscriptions/listen": (None, self._listen),
+        }
+
+    # -- entry point ---------------------------------------------------------------------
+
+    async def handle_request(
+        self,
+        request: Request,
+        *,
+        headers: hdr.HeaderView | None = None,
+        principal: Any = None,
+        transport: str = "direct",
+        emit: Emit | None = None,
+        cancel_scope: trio.CancelScope | None = None,
+    ) -> dict[str, JSONValue]:
+        """The response message for ``request`` (a result or an error, never an exception)."""
+        try:
+            result = await self._handle(request, headers, principal, transport, emit, cancel_scope)
+        except JsonRpcError as error:
+            if error.code == -32603:
+                log.warning("%s (id %r) failed: %s", request.method, request.id, error.message)
+            return error_message(request.id, error)
+        except Exception:
+            log.exception("handler for %s (id %r) raised", request.method, request.id)
+            return error_message(request.id, InternalError("Internal error"))
+        return result_message(request.id, result)
+
+    async def _handle(
+        self,
+        request: Request,
+        headers: hdr.HeaderView | None,
+        principal: Any,
+        transport: str,
+        emit: Emit | None,
+        cancel_scope: trio.CancelScope | None,
+    ) -> dict[str, JSONValue]:
+        params: dict[str, JSONValue] = dict(request.params or {})
+        method = request.method
+        if headers is not None:
+            hdr.check_protocol_version_present(headers)
+        meta = parse_request_meta(params)
+        if headers is not None:
+            hdr.check_protocol_version_matches(headers, meta.protocol_version)
+        if meta.protocol_version not in SUPPORTED_VERSIONS:
+            raise UnsupportedProtocolVersion(meta.protocol_version, list(SUPPORTED_VERSIONS))
+        meta = parse_optional_meta(meta)
+        handler, extension_id = self._route(method)
+        if headers is not None:
+            self._check_routing_headers(headers, method, params)
+        if handler is None:
+            raise MethodNotFound(f"Method not found: {method}")
+        negotiated = self._negotiate(meta.client_capabilities)
+        if extension_id is not None and extension_id not in negotiated:
+            extension = self.app.extensions[extension_id]
+            if extension.requires_negotiation(method):
+                raise MissingRequiredClientCapability({"extensions": {extension_id: {}}})
+        input_responses, request_state = self._mrtr_inputs(method, params, principal)
+        ctx = Context(
+            app=self.app,
+            method=method,
+            meta=meta,
+            principal=principal,
+            transport=transport,
+            request_id=request.id,
+            params=params,
+            extensions=negotiated,
+            emit=emit,
+            cancel_scope=cancel_scope,
+            input_responses=input_responses,
+            request_state=request_state,
+        )
+        result = await handler(params, ctx)
+        return self.shape(result)
+
+    def shape(self, result: dict[str, JSONValue]) -> dict[str, JSONValue]:
+        """Every result carries ``resultType`` and names the server in ``_meta``."""
+        shaped = dict(result)
+        shaped.setdefault("resultType", "complete")
+        meta = shaped.get("_meta")
+        merged: dict[str, JSONValue] = dict(meta) if isinstance(meta, dict) else {}
+        merged[SERVER_INFO_KEY] = self.app.server_info
+        shaped["_meta"] = merged
+        return shaped
+
+    # -- routing and negotiation ---------------------------------------------------------
+
+    def _route(self, method: str) -> tuple[Handler | None, str | None]:
+        core = self._core.get(method)
+        if core is not None:
+            capability, handler = core
+            if capability is None or capability in self.app.capabilities():
+                return handler, None
+            return None, None
+        for extension_id, extension in self.app.extensions.items():
+            handler = extension.methods().get(method)
+            if handler is not None:
+                return handler, extension_id
+        return None, None
+
+    def _check_routing_headers(
+        self, headers: hdr.HeaderView, method: str, params: Mapping[str, JSONValue]
+    ) -> None:
+        hdr.check_method(headers, method)
+        source = hdr.CORE_NAME_SOURCES.get(method)
+        if source is None:
+            for extension in self.app.extensions.values():
+                source = extension.name_source(method)
+                if source is not None:
+                    break
+        hdr.check_name(headers, params, source)
+        if method == "tools/call":
+            tool = self.app.tools.get(params.get("name"))  # type: ignore[arg-type]
+            arguments = params.get("arguments")
+            if tool is not None and isinstance(arguments, dict | None):
+                declared = hdr.param_headers(tool.input_schema)
+                if declared:
+                    hdr.check_params(headers, arguments or {}, declared)
+
+    def _negotiate(self, capabilities: dict[str, JSONValue]) -> dict[str, JSONValue]:
+        negotiated: dict[str, JSONValue] = {}
+        for extension_id, settings in declared_extensions(capabilities).items():
+            extension = self.app.extensions.get(extension_id)
+            if extension is None:
+                continue
+            assert isinstance(settings, dict)
+            extension.negotiate(settings)
+            negotiated[extension_id] = settings
+        return negotiated
+
+    def _mrtr_inputs(
+        self, method: str, params: Mapping[str, JSONValue], principal: Any
+    ) -> tuple[dict[str, JSONValue] | None, JSONValue]:
+        if method not in INPUT_REQUIRED_METHODS:
+            return None, None
+        responses = params.get("inputResponses")
+        if responses is not None and (
+            not isinstance(responses, dict)
+            or not all(isinstance(key, str) and key for key in responses)
+        ):
+            raise InvalidParams("inputResponses must be an object keyed by input request key")
+        state: JSONValue = None
+        raw_state = params.get("requestState")
+        if raw_state is not None:
+            state = self.app.sealer.open(
+                raw_state, method=method, name=_name_param(method, params), principal=principal
+            )
+        return responses, state
+
+    # -- helpers shared with extensions --------------------------------------------------
+
+    def input_required_result(self, value: InputRequired, ctx: Context) -> dict[str, JSONValue]:
+        """Shape an ``InputRequired``: only on MRTR methods, only for declared capabilities."""
+        if ctx.method not in INPUT_REQUIRED_METHODS:
+            raise InternalError(f"{ctx.method} cannot answer with input_required")
+        for request in value.input_requests.values():
+            require_input_request(dict(ctx.client_capabilities), request)
+        result: dict[str, JSONValue] = {"resultType": "input_required"}
+        if value.input_requests:
+            result["inputRequests"] = dict(value.input_requests)
+        if value.state is not None:
+            result["requestState"] = self.app.sealer.seal(
+                value.state,
+                method=ctx.method,
+                name=_name_param(ctx.method, ctx.params),
+                principal=ctx.principal,
+            )
+        return result
+
+    async def run_tool(self, call: ToolCall, ctx: Context) -> dict[str, JSONValue]:
+        """Execute a validated tool call and shape its result (what a direct call returns)."""
+        try:
+            value = await self.app.invoke(
+                call.tool.fn, call.tool.context_param, ctx, call.arguments
+            )
+        except ToolError as error:
+            return self.shape(tool_error_result(str(error)))
+        if isinstance(value, InputRequired):
+            return self.shape(self.input_required_result(value, ctx))
+        try:
+            return self.shape(tool_result(value))
+        except InvalidResult as error:
+            log.error("tool %s returned an invalid result: %s", call.tool.name, error)
+            raise InternalError("Tool returned an invalid result") from error
+
+    def prepare_tool_call(
+        self, name: JSONValue, arguments: JSONValue, params: Mapping[str, JSONValue]
+    ) -> ToolCall | dict[str, JSONValue]:
+        """Look up and validate: a ``ToolCall``, or the ``isError`` result for bad arguments."""
+        tool = self.app.tool_or_error(name)
+        if arguments is None:
+            arguments = {}
+        if not isinstance(arguments, dict):
+            raise InvalidParams("tools/call params.arguments must be an object")
+        errors = validation_errors(tool.validator, arguments)
+        if errors:
+            return tool_error_result(f"Invalid arguments for tool {tool.name}: " + "; ".join(errors))
+        return ToolCall(tool=tool, arguments=arguments, params=params)
+
+    # -- core methods --------------------------------------------------------------------
+
+    def _cacheable(self, result: dict[str, JSONValue]) -> dict[str, JSONValue]:
+        result["ttlMs"] = self.app.cache_ttl_ms
+        result["cacheScope"] = self.app.cache_scope
+        return result
+
+    @staticmethod
+    def _check_cursor(params: Mapping[str, JSONValue]) -> None:
+        cursor = params.get("cursor")
+        if cursor is not None:
+            raise InvalidParams("Invalid cursor: this server returns complete lists")
+
+    async def _discover(self, params: dict[str, JSONValue], ctx: Context) -> dict[str, JSONValue]:
+        result: dict[str, JSONValue] = {
+            "supportedVersions": list(SUPPORTED_VERSIONS),
+            "capabilities": self.app.capabilities(),
+        }
+        if self.app.instructions:
+            result["instructions"] = self.app.instructions
+        return self._cacheable(result)
+
+    async def _tools_list(self, params: dict[str, JSONValue], ctx: Context) -> dict[str, JSONValue]:
+        self._check_cursor(params)
+        tools = [tool.to_wire() for tool in self.app.tools.values()]
+        return self._cacheable({"tools": tools})
+
+    async def _tools_call(self, params: dict[str, JSONValue], ctx: Context) -> dict[str, JSONValue]:
+        tool = self.app.tool_or_error(params.get("name"))
+        if self.app.authorize is not None:
+            await self.app.authorize(ctx, "tool", tool.name)
+        prepared = self.prepare_tool_call(tool.name, params.get("arguments"), params)
+        if not isinstance(prepared, ToolCall):
+            return prepared
+        chain: CallNext = self.run_tool
+        for extension in reversed(list(self.app.extensions.values())):
+            chain = _wrap(extension.around_tool_call, chain)
+        return await chain(prepared, ctx)
+
+    async def _prompts_list(
+        self, params: dict[str, JSONValue], ctx: Context
+    ) -> dict[str, JSONValue]:
+        self._check_cursor(params)
+        prompts = [prompt.to_wire() for prompt in self.app.prompts.values()]
+        return self._cacheable({"prompts": prompts})
+
+    async def _prompts_get(self, params: dict[str, JSONValue], ctx: Context) -> dict[str, JSONValue]:
+        name = params.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidParams("prompts/get requires a non-empty string params.name")
+        prompt = self.app.prompts.get(name)
+        if prompt is None:
+            raise InvalidParams(f"Unknown prompt: {name}", {"name": name})
+        if self.app.authorize is not None:
+            await self.app.authorize(ctx, "prompt", name)
+        arguments = params.get("arguments") or {}
+        if not isinstance(arguments, dict) or not all(
+            isinstance(value, str) for value in arguments.values()
+        ):
+            raise InvalidParams("prompts/get params.arguments must map names to strings")
+        known = {argument.name for argument in prompt.arguments}
+        unknown = sorted(set(arguments) - known)
+        if unknown:
+            raise InvalidParams(f"Unknown prompt arguments: {', '.join(unknown)}")
+        missing = [a.name for a in prompt.arguments if a.required and a.name not in arguments]
+        if missing:
+            raise InvalidParams(f"Missing required prompt arguments: {', '.join(missing)}")
+        value = await self.app.invoke(prompt.fn, prompt.context_param, ctx, arguments)
+        if isinstance(value, InputRequired):
+            return self.input_required_result(value, ctx)
+        try:
+            return prompt_result(value, prompt.description)
+        except InvalidResult as error:
+            log.error("prompt %s returned an invalid result: %s", name, error)
+            raise InternalError("Prompt returned an invalid result") from error
+
+    async def _resources_list(
+        self, params: dict[str, JSONValue], ctx: Context
+    ) -> dict[str, JSONValue]:
+        self._check_cursor(params)
+        resources = [resource.to_wire() for resource in self.app.resources.values()]
+        return self._cacheable({"resources": resources})
+
+    async def _templates_list(
+        self, params: dict[str, JSONValue], ctx: Context
+    ) -> dict[str, JSONValue]:
+        self._check_cursor(params)
+        templates = [template.to_wire() for template in self.app.resource_templates.values()]
+        return self._cacheable({"resourceTemplates": templates})
+
+    async def _resources_read(
+        self, params: dict[str, JSONValue], ctx: Context
+    ) -> dict[str, JSONValue]:
+        uri = params.get("uri")
+        if not isinstance(uri, str) or not uri:
+            raise InvalidParams("resources/read requires a non-empty string params.uri")
+        resource = self.app.resources.get(uri)
+        if resource is not None:
+            fn, context_param, mime_type = resource.fn, resource.context_param, resource.mime_type
+            arguments: dict[str, str] = {}
+        else:
+            found = self.app.find_template(uri)
+            if found is None:
+                raise InvalidParams("Resource not found", {"uri": uri})
+            template, arguments = found
+            fn, context_param, mime_type = template.fn, template.context_param, template.mime_type
+        if self.app.authorize is not None:
+            await self.app.authorize(ctx, "resource", uri)
+        value = await self.app.invoke(fn, context_param, ctx, arguments)
+        if isinstance(value, InputRequired):
+            return self.input_required_result(value, ctx)
+        if value is None:
+            raise InvalidParams("Resource not found", {"uri": uri})
+        try:
+            contents = resource_contents(value, uri, mime_type)
+        except InvalidResult as error:
+            log.error("resource %s returned an invalid result: %s", uri, error)
+            raise InternalError("Resource returned an invalid result") from error
+        return self._cacheable({"contents": contents})
+
+    async def _complete(self, params: dict[str, JSONValue], ctx: Context) -> dict[str, JSONValue]:
+        ref = params.get("ref")
+        argument = params.get("argument")
+        if not isinstance(ref, dict) or not isinstance(argument, dict):
+            raise InvalidParams("completion/complete requires params.ref and params.argument")
+        ref_type = ref.get("type")
+        key = ref.get("name") if ref_type == "ref/prompt" else ref.get("uri")
+        arg_name, arg_value = argument.get("name"), argument.get("value")
+        if not isinstance(ref_type, str) or not isinstance(key, str):
+            raise InvalidParams("completion/complete params.ref is invalid")
+        if not isinstance(arg_name, str) or not isinstance(arg_value, str):
+            raise InvalidParams("completion/complete params.argument needs name and value")
+        context = params.get("context")
+        context_args = context.get("arguments") if isinstance(context, dict) else None
+        fn = self.app.completions.get((ref_type, key))
+        values: list[str] = []
+        total: int | None = None
+        has_more = False
+        if fn is not None:
+            produced = await fn(arg_name, arg_value, context_args or {})
+            if isinstance(produced, dict):
+                values = list(produced.get("values", []))
+                total = produced.get("total")
+                has_more = bool(produced.get("hasMore", False))
+            else:
+                values = list(produced)
+        elif ref_type == "ref/prompt" and key not in self.app.prompts:
+            raise InvalidParams(f"Unknown prompt: {key}")
+        if len(values) > 100:
+            has_more, total, values = True, total or len(values), values[:100]
+        completion: dict[str, JSONValue] = {"values": values, "hasMore": has_more}
+        if total is not None:
+            completion["total"] = total
+        return {"completion": completion}
+
+    async def _listen(self, params: dict[str, JSONValue], ctx: Context) -> dict[str, JSONValue]:
+        requested = params.get("notifications")
+        if not isinstance(requested, dict):
+            raise InvalidParams("subscriptions/listen requires a params.notifications object")
+        capabilities = self.app.capabilities()
+        accepted: dict[str, JSONValue] = {}
+        for key, capability in _LIST_FLAGS.items():
+            value = requested.get(key)
+            if value is None:
+                continue
+            if not isinstance(value, bool):
+                raise InvalidParams(f"notifications.{key} must be a boolean")
+            if value and capability in capabilities:
+                accepted[key] = True
+        uris = requested.get("resourceSubscriptions")
+        if uris is not None:
+            if not isinstance(uris, list) or not all(isinstance(u, str) and u for u in uris):
+                raise InvalidParams("notifications.resourceSubscriptions must be a list of URIs")
+            if "resources" in capabilities and uris:
+                accepted["resourceSubscriptions"] = list(dict.fromkeys(uris))
+        for extension in self.app.extensions.values():
+            accepted.update(await extension.subscription_filter(requested, ctx))
+        subscription_id = ctx.request_id
+        tag = {SUBSCRIPTION_ID_KEY: subscription_id}
+        subscription = self.app.hub.open(accepted)
+        try:
+            await ctx.send_notification(
+                "notifications/subscriptions/acknowledged",
+                {"_meta": dict(tag), "notifications": accepted},
+            )
+            async for event in subscription:
+                event_params = dict(event.params)
+                event_meta = event_params.get("_meta")
+                merged = dict(event_meta) if isinstance(event_meta, dict) else {}
+                merged.update(tag)
+                event_params["_meta"] = merged
+                await ctx.send_notification(event.method, event_params)
+        finally:
+            self.app.hub.close_subscription(subscription)
+        return {"_meta": dict(tag)}
+
+
+def _wrap(hook: Callable[[ToolCall, Context, CallNext], Awaitable[dict[str, JSONValue]]],
+          inner: CallNext) -> CallNext:
+    async def call(call: ToolCall, ctx: Context) -> dict[str, JSONValue]:
+        return await hook(call, ctx, inner)
+
+    return call

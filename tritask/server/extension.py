@@ -1,0 +1,83 @@
+"""The extension API: how a protocol extension plugs into the server.
+
+The Tasks extension uses exactly this surface and nothing else, so a third-party extension has
+the same power. Every hook has a harmless default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from tritask.jsonrpc import InvalidParams, JSONValue
+
+if TYPE_CHECKING:
+    from tritask.server.app import App, ToolDef
+    from tritask.server.context import Context
+
+MethodHandler = Callable[[dict[str, JSONValue], "Context"], Awaitable[dict[str, JSONValue]]]
+
+
+@attrs.frozen
+class ToolCall:
+    """A validated ``tools/call``: the tool exists, the caller may call it, arguments fit."""
+
+    tool: ToolDef
+    arguments: dict[str, JSONValue]
+    params: Mapping[str, JSONValue]
+
+
+CallNext = Callable[[ToolCall, "Context"], Awaitable[dict[str, JSONValue]]]
+
+
+@attrs.frozen
+class ServeEnvironment:
+    """What the process that serves the app knows (the CLI fills it from its flags)."""
+
+    store_url: str | None = None
+    options: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+class Extension:
+    """Base class for extensions; override what you need."""
+
+    id: str = ""
+
+    def settings(self) -> dict[str, JSONValue]:
+        """Advertised as ``capabilities.extensions[id]`` in ``server/discover``."""
+        return {}
+
+    def negotiate(self, client_settings: dict[str, JSONValue]) -> None:
+        """Accept or refuse the settings a request declared (raise a JSON-RPC error)."""
+        if client_settings:
+            raise InvalidParams(f"The {self.id} extension defines no settings")
+
+    def methods(self) -> Mapping[str, MethodHandler]:
+        return {}
+
+    def requires_negotiation(self, method: str) -> bool:
+        """True when ``method`` is refused with -32021 unless this request declared us."""
+        return method in self.methods()
+
+    def name_source(self, method: str) -> str | None:
+        """The body parameter an HTTP ``Mcp-Name`` header must mirror for ``method``."""
+        return None
+
+    async def around_tool_call(
+        self, call: ToolCall, ctx: Context, call_next: CallNext
+    ) -> dict[str, JSONValue]:
+        return await call_next(call, ctx)
+
+    async def subscription_filter(
+        self, requested: Mapping[str, JSONValue], ctx: Context
+    ) -> dict[str, JSONValue]:
+        """Validate and grant this extension's keys of a listen filter (default: none)."""
+        return {}
+
+    @asynccontextmanager
+    async def lifespan(self, app: App, env: ServeEnvironment) -> AsyncIterator[None]:
+        """Resources that live as long as the served app (stores, runners)."""
+        yield

@@ -1,0 +1,1 @@
+"""Transports: bytes in, one request and a reply channel out."""
