@@ -1,0 +1,1 @@
+"""The Tasks extension (io.modelcontextprotocol/tasks): model, reducer, stores and runner."""

@@ -1,0 +1,467 @@
+"""The Task value, the private aggregate record (``Snapshot`` v3), and their codecs and wire shapes.
+
+Every construction validates: a ``Snapshot`` that exists satisfies all record invariants, so the
+reducer, the stores and the decoders cannot produce (or accept) an impossible state.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from tritask.tasks._time import MAX_INSTANT, format_instant, parse_instant
+from tritask.tasks.work import (
+    CodecError,
+    JSONObject,
+    Work,
+    ensure_json,
+    ensure_json_object,
+    expect_keys,
+)
+
+__all__ = [
+    "CANCELLED_MESSAGE",
+    "DEFAULT_STATUS_MESSAGE",
+    "INTERNAL_ERROR",
+    "CorruptRecord",
+    "Snapshot",
+    "Task",
+    "TaskStatus",
+    "create_task_result",
+    "detailed_task",
+    "initial_snapshot",
+    "new_task",
+    "snapshot_from_json",
+    "snapshot_to_json",
+    "task_wire_base",
+]
+
+DEFAULT_STATUS_MESSAGE = "Task accepted"
+CANCELLED_MESSAGE = "Cancellation requested"
+INTERNAL_ERROR: JSONObject = {"code": -32603, "message": "Internal error"}
+MAX_TASK_ID_BYTES = 256
+
+
+class CorruptRecord(CodecError):
+    """A record (decoded or constructed) breaks the aggregate invariants; ``reason`` says which."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class TaskStatus(enum.StrEnum):
+    WORKING = "working"
+    INPUT_REQUIRED = "input_required"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in _TERMINAL
+
+
+_TERMINAL = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED})
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _require(condition: bool, reason: str) -> None:
+    if not condition:
+        raise CorruptRecord(reason)
+
+
+def _instant(value: object, what: str) -> None:
+    _require(_is_int(value) and 0 <= value <= MAX_INSTANT, f"{what} is not an instant")  # type: ignore[operator]
+
+
+def _optional_positive(value: object, what: str) -> None:
+    _require(value is None or (_is_int(value) and value > 0), f"{what} must be a positive int")  # type: ignore[operator]
+
+
+def is_input_request(value: object) -> bool:
+    """An input request is a JSON object with a non-empty string ``method``."""
+    return (
+        isinstance(value, dict) and isinstance(value.get("method"), str) and bool(value["method"])
+    )
+
+
+def _requests(value: object) -> dict[str, JSONObject]:
+    requests = ensure_json_object(value, what="input requests")
+    for key, request in requests.items():
+        _require(bool(key), "input request keys must be non-empty")
+        _require(is_input_request(request), f"input request {key!r} needs a non-empty method")
+    return requests
+
+
+def _optional_object(value: object) -> JSONObject | None:
+    return None if value is None else ensure_json_object(value)
+
+
+def _used_keys(value: object) -> frozenset[str]:
+    if isinstance(value, str | bytes) or not isinstance(value, set | frozenset | list | tuple):
+        raise TypeError("used_input_keys must be a set of strings")
+    keys = frozenset(value)
+    _require(all(isinstance(k, str) and k for k in keys), "used input keys must be non-empty")
+    return keys
+
+
+def _status(value: str) -> TaskStatus:
+    return TaskStatus(value)
+
+
+@attrs.frozen(kw_only=True)
+class Task:
+    """The protocol-visible task. Instants are µs ints; ``ttl_ms=None`` means never reaped."""
+
+    id: str
+    status: TaskStatus = attrs.field(converter=_status)
+    status_message: str | None
+    created_at: int
+    last_updated_at: int
+    ttl_ms: int | None
+    poll_interval_ms: int | None
+    input_requests: dict[str, JSONObject] = attrs.field(factory=dict, converter=_requests)
+    result: JSONObject | None = attrs.field(default=None, converter=_optional_object)
+    error: JSONObject | None = attrs.field(default=None, converter=_optional_object)
+    used_input_keys: frozenset[str] = attrs.field(default=frozenset(), converter=_used_keys)
+
+    def __attrs_post_init__(self) -> None:
+        _require(
+            isinstance(self.id, str)
+            and bool(self.id)
+            and len(self.id.encode()) <= MAX_TASK_ID_BYTES,
+            "task id must be 1..256 bytes",
+        )
+        _require(
+            self.status_message is None or isinstance(self.status_message, str),
+            "statusMessage must be a string or null",
+        )
+        _instant(self.created_at, "createdAt")
+        _instant(self.last_updated_at, "lastUpdatedAt")
+        _require(self.last_updated_at >= self.created_at, "lastUpdatedAt precedes createdAt")
+        _optional_positive(self.ttl_ms, "ttlMs")
+        _optional_positive(self.poll_interval_ms, "pollIntervalMs")
+        waiting = self.status is TaskStatus.INPUT_REQUIRED
+        _require(
+            bool(self.input_requests) == waiting,
+            "input_required needs outstanding requests and only it may have them",
+        )
+        _require(
+            (self.result is not None) == (self.status is TaskStatus.COMPLETED),
+            "exactly completed tasks carry a result",
+        )
+        _require(
+            self.error is None or self.status is TaskStatus.FAILED,
+            "only failed tasks carry an error",
+        )
+        _require(
+            self.status is not TaskStatus.COMPLETED or self.status_message is None,
+            "completed tasks carry no statusMessage",
+        )
+        _require(
+            set(self.input_requests) <= self.used_input_keys,
+            "outstanding input keys must be used keys",
+        )
+
+    @property
+    def expires_at(self) -> int | None:
+        """The instant from which the task counts as expired (``None``: never)."""
+        return None if self.ttl_ms is None else self.created_at + self.ttl_ms * 1000
+
+
+def new_task(
+    task_id: str,
+    created_at: int,
+    ttl_ms: int | None,
+    poll_interval_ms: int | None,
+    status_message: str | None = DEFAULT_STATUS_MESSAGE,
+) -> Task:
+    """A freshly accepted task: ``working``, last updated at its creation."""
+    return Task(
+        id=task_id,
+        status=TaskStatus.WORKING,
+        status_message=status_message,
+        created_at=created_at,
+        last_updated_at=created_at,
+        ttl_ms=ttl_ms,
+        poll_interval_ms=poll_interval_ms,
+    )
+
+
+def _failure(value: object) -> JSONObject | None:
+    if value is None:
+        return None
+    failure = ensure_json_object(value, what="last failure")
+    _require(set(failure) == {"error", "statusMessage"}, "lastFailure needs error, statusMessage")
+    _require(isinstance(failure["error"], dict), "lastFailure error must be an object")
+    message = failure["statusMessage"]
+    _require(message is None or isinstance(message, str), "lastFailure statusMessage type")
+    return failure
+
+
+def _history(value: object) -> dict[str, JSONObject]:
+    history = ensure_json_object(value, what="input history")
+    _require(all(is_input_request(r) for r in history.values()), "history holds requests")
+    return history
+
+
+def _inbox(value: object) -> dict[str, JSONObject]:
+    inbox = ensure_json_object(value, what="accepted input responses")
+    _require(all(isinstance(r, dict) for r in inbox.values()), "responses must be objects")
+    return inbox
+
+
+def _is_task(_inst: object, _attr: object, value: Any) -> None:
+    if not isinstance(value, Task):
+        raise CorruptRecord("task must be a Task")
+
+
+def _is_work(_inst: object, _attr: object, value: Any) -> None:
+    if value is not None and not isinstance(value, Work):
+        raise CorruptRecord("work must be a Work or None")
+
+
+@attrs.frozen(kw_only=True)
+class Snapshot:
+    """The revisioned aggregate record (v3): the task plus the private bookkeeping that makes
+    retries, input replay and fencing durable."""
+
+    task: Task = attrs.field(validator=_is_task)
+    work: Work | None = attrs.field(validator=_is_work)
+    revision: int
+    retry_count: int = 0
+    retry_at: int | None = None
+    last_failure: JSONObject | None = attrs.field(default=None, converter=_failure)
+    input_history: dict[str, JSONObject] = attrs.field(factory=dict, converter=_history)
+    accepted_input_responses: dict[str, JSONObject] = attrs.field(factory=dict, converter=_inbox)
+
+    def __attrs_post_init__(self) -> None:
+        task = self.task
+        terminal = task.status.is_terminal
+        _require(_is_int(self.revision) and self.revision >= 0, "revision must be an int >= 0")
+        _require(
+            _is_int(self.retry_count) and self.retry_count >= 0, "retryCount must be an int >= 0"
+        )
+        delays = 0 if self.work is None else len(self.work.retry_policy.delays_ms)
+        _require(self.retry_count <= delays, "retryCount exceeds the retry policy")
+        _require(self.retry_count <= self.revision, "retryCount exceeds the revision")
+        _require(
+            self.work is None or self.work.idempotency_key == task.id,
+            "work idempotency key differs from the task id",
+        )
+        if self.retry_at is not None:
+            _instant(self.retry_at, "retryAt")
+            _require(self.retry_count > 0, "retryAt without retry history")
+            _require(not terminal, "retryAt on a terminal task")
+            _require(self.last_failure is not None, "retryAt without a failure")
+        _require(
+            terminal or self.retry_count == 0 or self.retry_at is not None,
+            "a retried active task needs a retryAt",
+        )
+        _require(
+            self.retry_count == 0 or self.last_failure is not None,
+            "retry history without a last failure",
+        )
+        if self.last_failure is not None and self.retry_count == 0:
+            _require(
+                task.status is TaskStatus.FAILED
+                and task.error == self.last_failure["error"]
+                and task.status_message == self.last_failure["statusMessage"],
+                "a failure without retries is only valid as zero-retry exhaustion",
+            )
+        _require(set(self.input_history) == task.used_input_keys, "history keys != used keys")
+        _require(
+            all(self.input_history[k] == r for k, r in task.input_requests.items()),
+            "outstanding requests differ from their history",
+        )
+        inbox = set(self.accepted_input_responses)
+        _require(inbox <= task.used_input_keys, "inbox keys were never requested")
+        _require(not inbox & set(task.input_requests), "inbox keys are still outstanding")
+
+
+def initial_snapshot(task: Task, work: Work) -> Snapshot:
+    """The revision-0 record a store creates; the task must be freshly accepted."""
+    _require(task.status is TaskStatus.WORKING, "a new task must be working")
+    _require(not task.used_input_keys, "a new task has no input history")
+    _require(task.last_updated_at == task.created_at, "a new task was never updated")
+    _require(isinstance(work, Work), "a new task needs its Work")
+    return Snapshot(task=task, work=work, revision=0)
+
+
+# -- codec (aggregate record v3) ----------------------------------------------------------------
+
+_RECORD_KEYS = (
+    "version",
+    "revision",
+    "task",
+    "work",
+    "retryCount",
+    "retryAt",
+    "lastFailure",
+    "inputHistory",
+    "acceptedInputResponses",
+)
+_TASK_KEYS = (
+    "id",
+    "status",
+    "statusMessage",
+    "createdAt",
+    "lastUpdatedAt",
+    "ttlMs",
+    "pollIntervalMs",
+    "inputRequests",
+    "result",
+    "error",
+    "usedInputKeys",
+)
+
+
+def _task_to_json(task: Task) -> JSONObject:
+    return {
+        "id": task.id,
+        "status": task.status.value,
+        "statusMessage": task.status_message,
+        "createdAt": format_instant(task.created_at),
+        "lastUpdatedAt": format_instant(task.last_updated_at),
+        "ttlMs": task.ttl_ms,
+        "pollIntervalMs": task.poll_interval_ms,
+        "inputRequests": ensure_json(task.input_requests),
+        "result": ensure_json(task.result),
+        "error": ensure_json(task.error),
+        "usedInputKeys": sorted(task.used_input_keys),
+    }
+
+
+def snapshot_to_json(snapshot: Snapshot) -> JSONObject:
+    """The persisted form: exactly 9 keys, the task with exactly 11, instants as ISO text."""
+    return {
+        "version": 3,
+        "revision": snapshot.revision,
+        "task": _task_to_json(snapshot.task),
+        "work": None if snapshot.work is None else snapshot.work.to_json(),
+        "retryCount": snapshot.retry_count,
+        "retryAt": None if snapshot.retry_at is None else format_instant(snapshot.retry_at),
+        "lastFailure": ensure_json(snapshot.last_failure),
+        "inputHistory": ensure_json(snapshot.input_history),
+        "acceptedInputResponses": ensure_json(snapshot.accepted_input_responses),
+    }
+
+
+def _typed(value: object, kinds: type | tuple[type, ...], what: str) -> Any:
+    """Strict type check for decoding (a bool is never accepted as an int)."""
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise CorruptRecord(f"{what} has the wrong type")
+    return value
+
+
+def _optional_int(value: object, what: str) -> int | None:
+    return None if value is None else int(_typed(value, int, what))
+
+
+def _decode_instant(value: object, what: str) -> int:
+    try:
+        return parse_instant(_typed(value, str, what))
+    except ValueError as exc:
+        raise CorruptRecord(f"{what} is not an ISO-8601 instant") from exc
+
+
+def _task_from_json(doc: object) -> Task:
+    fields = expect_keys(doc, _TASK_KEYS, "task")
+    used = _typed(fields["usedInputKeys"], list, "usedInputKeys")
+    _require(all(isinstance(k, str) for k in used), "usedInputKeys must hold strings")
+    _require(used == sorted(set(used)), "usedInputKeys must be sorted and unique")
+    message = fields["statusMessage"]
+    _require(message is None or isinstance(message, str), "statusMessage has the wrong type")
+    _typed(fields["id"], str, "id")
+    status = _typed(fields["status"], str, "status")
+    _require(status in TaskStatus._value2member_map_, "unknown task status")
+    return Task(
+        id=fields["id"],
+        status=TaskStatus(status),
+        status_message=message,
+        created_at=_decode_instant(fields["createdAt"], "createdAt"),
+        last_updated_at=_decode_instant(fields["lastUpdatedAt"], "lastUpdatedAt"),
+        ttl_ms=_optional_int(fields["ttlMs"], "ttlMs"),
+        poll_interval_ms=_optional_int(fields["pollIntervalMs"], "pollIntervalMs"),
+        input_requests=_typed(fields["inputRequests"], dict, "inputRequests"),
+        result=fields["result"],
+        error=fields["error"],
+        used_input_keys=frozenset(used),
+    )
+
+
+def snapshot_from_json(doc: object) -> Snapshot:
+    """Strictly decode a v3 record; any deviation raises :class:`CorruptRecord`."""
+    try:
+        fields = expect_keys(doc, _RECORD_KEYS, "record")
+        version = fields["version"]
+        if not _is_int(version) or version != 3:
+            raise CorruptRecord(f"unsupported record version {version!r}")
+        retry_at = fields["retryAt"]
+        work = fields["work"]
+        return Snapshot(
+            task=_task_from_json(fields["task"]),
+            work=None if work is None else Work.from_json(work),
+            revision=_typed(fields["revision"], int, "revision"),
+            retry_count=_typed(fields["retryCount"], int, "retryCount"),
+            retry_at=None if retry_at is None else _decode_instant(retry_at, "retryAt"),
+            last_failure=_typed(fields["lastFailure"], (dict, type(None)), "lastFailure"),
+            input_history=_typed(fields["inputHistory"], dict, "inputHistory"),
+            accepted_input_responses=_typed(
+                fields["acceptedInputResponses"], dict, "acceptedInputResponses"
+            ),
+        )
+    except CorruptRecord:
+        raise
+    except (ValueError, TypeError) as exc:
+        raise CorruptRecord(str(exc)) from exc
+
+
+# -- wire projections ---------------------------------------------------------------------------
+
+
+def task_wire_base(task: Task) -> JSONObject:
+    """The base fields every wire shape shares; ``ttlMs`` is always present (``null`` allowed)."""
+    base: JSONObject = {"taskId": task.id, "status": task.status.value}
+    if task.status_message is not None:
+        base["statusMessage"] = task.status_message
+    base["createdAt"] = format_instant(task.created_at)
+    base["lastUpdatedAt"] = format_instant(task.last_updated_at)
+    base["ttlMs"] = task.ttl_ms
+    if task.poll_interval_ms is not None:
+        base["pollIntervalMs"] = task.poll_interval_ms
+    return base
+
+
+def create_task_result(task: Task) -> JSONObject:
+    """The flat ``CreateTaskResult``: base fields plus ``resultType: "task"``, never a payload."""
+    return {"resultType": "task", **task_wire_base(task)}
+
+
+def _wire_error(error: Mapping[str, Any] | None) -> JSONObject:
+    if error is not None and _is_int(error.get("code")) and isinstance(error.get("message"), str):
+        return ensure_json_object(error)
+    return dict(INTERNAL_ERROR)
+
+
+def detailed_task(task: Task) -> JSONObject:
+    """The ``tasks/get`` body without ``resultType`` (callers add it): base plus status payload.
+
+    A failed task whose error is missing or not a JSON-RPC error object shows the safe
+    ``-32603 Internal error`` instead, so a malformed error never reaches the wire.
+    """
+    detail = task_wire_base(task)
+    if task.status is TaskStatus.INPUT_REQUIRED:
+        detail["inputRequests"] = ensure_json(task.input_requests)
+    elif task.status is TaskStatus.COMPLETED:
+        detail["result"] = ensure_json(task.result)
+    elif task.status is TaskStatus.FAILED:
+        detail["error"] = _wire_error(task.error)
+    return detail

@@ -1,0 +1,265 @@
+"""The durable work descriptor (``Work`` v2), its ``RetryPolicy`` (v1), and the JSON guards.
+
+Work is what a runner re-executes after recovery, so it holds only JSON and is persisted whole;
+the expanded retry delays travel with it so a configuration change never affects work in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+
+__all__ = [
+    "MAX_DELAY_MS",
+    "CodecError",
+    "InvalidJSON",
+    "JSONObject",
+    "RetryPolicy",
+    "Work",
+    "canonical_json",
+    "ensure_json",
+    "ensure_json_object",
+    "expect_keys",
+]
+
+JSONObject = dict[str, Any]
+MAX_DELAY_MS = 4_294_967_295
+_MAX_DEPTH = 200
+
+
+class InvalidJSON(ValueError):
+    """A value that must be JSON is not (NaN, non-string keys, sets, tuples, objects...)."""
+
+
+class CodecError(ValueError):
+    """A persisted document failed strict decoding (unknown version, extra/missing keys, types)."""
+
+
+def ensure_json(value: object, *, what: str = "value") -> Any:
+    """Validate that ``value`` is plain JSON and return a deep copy the caller owns.
+
+    Copying on the way in means a caller mutating its dict later cannot change a stored record.
+    Scalar subclasses (``IntEnum``, ``StrEnum``) are normalised to the base type; nesting deeper
+    than 200 levels is refused rather than risking a ``RecursionError``.
+    """
+    return _copy(value, what, 0)
+
+
+def _copy(value: object, what: str, depth: int) -> Any:
+    if depth > _MAX_DEPTH:
+        raise InvalidJSON(f"{what} is nested more than {_MAX_DEPTH} levels deep")
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidJSON(f"{what} contains a non-finite number")
+        return float(value)
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, list):
+        return [_copy(item, what, depth + 1) for item in value]
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise InvalidJSON(f"{what} has a non-string object key {key!r}")
+            out[str.__str__(key)] = _copy(item, what, depth + 1)
+        return out
+    raise InvalidJSON(f"{what} contains a non-JSON {type(value).__name__}")
+
+
+def ensure_json_object(value: object, *, what: str = "value") -> JSONObject:
+    """Like :func:`ensure_json` but the top level must be a JSON object."""
+    if not isinstance(value, dict):
+        raise InvalidJSON(f"{what} must be a JSON object, not {type(value).__name__}")
+    result: JSONObject = ensure_json(value, what=what)
+    return result
+
+
+def canonical_json(value: object) -> str:
+    """Sorted, compact JSON text: exact equality for JSON values (``1 != 1.0 != true``)."""
+    return json.dumps(ensure_json(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def expect_keys(doc: object, keys: Iterable[str], what: str) -> Mapping[str, Any]:
+    """Strict decoding helper: ``doc`` must be an object with exactly ``keys``."""
+    if not isinstance(doc, dict):
+        raise CodecError(f"{what} must be a JSON object")
+    expected = set(keys)
+    actual = set(doc)
+    if actual != expected:
+        extra = sorted(map(str, actual - expected))
+        missing = sorted(expected - actual)
+        raise CodecError(f"{what} has unexpected keys {extra} / missing keys {missing}")
+    return doc
+
+
+def _expect_version(doc: Mapping[str, Any], version: int, what: str) -> None:
+    found = doc["version"]
+    if not isinstance(found, int) or isinstance(found, bool) or found != version:
+        raise CodecError(f"unsupported {what} version {found!r} (expected {version})")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _delays(value: Iterable[int]) -> tuple[int, ...]:
+    if isinstance(value, str | bytes | Mapping):
+        raise TypeError("delays_ms must be a sequence of ints")
+    delays = tuple(value)
+    for delay in delays:
+        if not _is_int(delay):
+            raise TypeError(f"a retry delay must be an int, not {type(delay).__name__}")
+        if not 0 <= delay <= MAX_DELAY_MS:
+            raise ValueError(f"retry delay {delay} is outside 0..{MAX_DELAY_MS} ms")
+    return delays
+
+
+def _count(n: object) -> int:
+    if not _is_int(n):
+        raise TypeError("the number of retries must be an int")
+    assert isinstance(n, int)
+    if n < 0:
+        raise ValueError("the number of retries must be >= 0")
+    return n
+
+
+@attrs.frozen
+class RetryPolicy:
+    """An exact, finite list of retry delays in ms: ``delays_ms[n]`` is the wait after retry ``n``.
+
+    The default (``none()``) never retries.
+    """
+
+    delays_ms: tuple[int, ...] = attrs.field(converter=_delays)
+
+    @classmethod
+    def none(cls) -> RetryPolicy:
+        return cls(())
+
+    @classmethod
+    def fixed(cls, delay_ms: int, n: int) -> RetryPolicy:
+        return cls([delay_ms] * _count(n))
+
+    @classmethod
+    def exponential(cls, initial_ms: int, n: int, max_delay_ms: int | None = None) -> RetryPolicy:
+        """Doubling delays capped at ``max_delay_ms`` (and at the 32-bit maximum)."""
+        if not _is_int(initial_ms) or (max_delay_ms is not None and not _is_int(max_delay_ms)):
+            raise TypeError("delays must be ints")
+        cap = MAX_DELAY_MS if max_delay_ms is None else max_delay_ms
+        if max_delay_ms is not None and not 0 <= max_delay_ms <= MAX_DELAY_MS:
+            raise ValueError(f"max_delay_ms must be within 0..{MAX_DELAY_MS}")
+        if initial_ms > cap:
+            raise ValueError("initial delay exceeds the maximum delay")
+        delays: list[int] = []
+        delay = initial_ms
+        for _ in range(_count(n)):
+            delays.append(delay)
+            delay = min(delay * 2, cap)
+        return cls(delays)
+
+    def next_delay(self, retry_count: int) -> int | None:
+        """The delay before retry ``retry_count + 1``, or ``None`` when the list is exhausted."""
+        if not _is_int(retry_count) or retry_count < 0:
+            raise ValueError("retry_count must be a non-negative int")
+        if retry_count < len(self.delays_ms):
+            return self.delays_ms[retry_count]
+        return None
+
+    def to_json(self) -> JSONObject:
+        return {"version": 1, "delaysMs": list(self.delays_ms)}
+
+    @classmethod
+    def from_json(cls, doc: object) -> RetryPolicy:
+        fields = expect_keys(doc, ("version", "delaysMs"), "retry policy")
+        _expect_version(fields, 1, "retry policy")
+        delays = fields["delaysMs"]
+        if not isinstance(delays, list):
+            raise CodecError("retry policy delaysMs must be a list")
+        try:
+            return cls(delays)
+        except (TypeError, ValueError) as exc:
+            raise CodecError(f"invalid retry policy: {exc}") from exc
+
+
+def _non_empty_str(what: str) -> Any:
+    def check(_inst: object, _attr: object, value: object) -> None:
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"{what} must be a non-empty string")
+
+    return check
+
+
+def _work_input(value: object) -> JSONObject:
+    return ensure_json_object(value, what="work input")
+
+
+def _is_policy(_inst: object, _attr: object, value: object) -> None:
+    if not isinstance(value, RetryPolicy):
+        raise TypeError("retry_policy must be a RetryPolicy")
+
+
+@attrs.frozen(kw_only=True)
+class Work:
+    """What to execute for a task. ``idempotency_key`` equals the task id and stays stable across
+    attempts, so external effects can be de-duplicated.
+
+    The builder of a Work is the security boundary: persist only stable identity, never a
+    request context or credentials.
+    """
+
+    idempotency_key: str = attrs.field(validator=_non_empty_str("idempotency_key"))
+    type: str = attrs.field(validator=_non_empty_str("type"))
+    input: JSONObject = attrs.field(converter=_work_input)
+    retry_policy: RetryPolicy = attrs.field(factory=RetryPolicy.none, validator=_is_policy)
+
+    @classmethod
+    def tool_call(
+        cls,
+        task_id: str,
+        name: str,
+        arguments: Mapping[str, Any],
+        retry_policy: RetryPolicy | None = None,
+    ) -> Work:
+        """The default descriptor for a task-augmented ``tools/call``."""
+        return cls(
+            idempotency_key=task_id,
+            type="tools/call",
+            input={"name": name, "arguments": dict(arguments)},
+            retry_policy=RetryPolicy.none() if retry_policy is None else retry_policy,
+        )
+
+    def to_json(self) -> JSONObject:
+        return {
+            "version": 2,
+            "idempotencyKey": self.idempotency_key,
+            "type": self.type,
+            "input": ensure_json(self.input),
+            "retryPolicy": self.retry_policy.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, doc: object) -> Work:
+        fields = expect_keys(
+            doc, ("version", "idempotencyKey", "type", "input", "retryPolicy"), "work"
+        )
+        _expect_version(fields, 2, "work")
+        policy = RetryPolicy.from_json(fields["retryPolicy"])
+        try:
+            return cls(
+                idempotency_key=fields["idempotencyKey"],
+                type=fields["type"],
+                input=fields["input"],
+                retry_policy=policy,
+            )
+        except (TypeError, ValueError) as exc:
+            raise CodecError(f"invalid work: {exc}") from exc
