@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import base64
 import binascii
-import math
 import re
 from collections.abc import Iterable, Mapping
+from decimal import Decimal, InvalidOperation
 from typing import Any, Final
 
 import attrs
@@ -65,8 +65,9 @@ class HeaderView:
 def decode_header_value(raw: str, header: str) -> str:
     """Trim optional whitespace and undo the base64 sentinel, refusing malformed values."""
     value = raw.strip(" \t")
-    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
-        raise HeaderMismatch(f"Header {header} contains control characters")
+    if any(not 0x20 <= ord(ch) <= 0x7E for ch in value):
+        # Control characters and non-ASCII travel only inside the base64 sentinel.
+        raise HeaderMismatch(f"Header {header} contains invalid characters")
     match = _SENTINEL.match(value)
     if match is None:
         return value
@@ -188,12 +189,18 @@ def check_params(
 def _same(header: str, body: JSONValue, kind: str | None) -> bool:
     if isinstance(body, bool):
         return header == ("true" if body else "false")
-    if isinstance(body, int | float):
+    if isinstance(body, int):
+        # Exact: a float round trip would overflow on huge integers and merge neighbours.
         try:
-            number = float(header)
+            number = Decimal(header)
+        except InvalidOperation:
+            return False
+        return number.is_finite() and number == body
+    if isinstance(body, float):
+        try:
+            return float(header) == body
         except ValueError:
             return False
-        return math.isfinite(number) and number == float(body)
     if isinstance(body, str):
         return header == body
     return False
