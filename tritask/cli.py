@@ -121,7 +121,7 @@ async def serve(args: argparse.Namespace) -> None:
         await shutdown.wait()
 
     async with app.running(env), trio.open_nursery() as nursery:
-        nursery.start_soon(_watch_signals, shutdown)
+        signals: trio.CancelScope = await nursery.start(_watch_signals, shutdown)
         if args.http:
             host, port = args.http
             binds = await nursery.start(
@@ -155,6 +155,9 @@ async def serve(args: argparse.Namespace) -> None:
 
             nursery.start_soon(stdio_then_stop)
         await shutdown.wait()
+        # Stop watching so the nursery can finish as soon as the transports do (a stdio EOF
+        # must exit promptly); a second SIGINT now interrupts the graceful phase.
+        signals.cancel()
         app.hub.close()
         print("tritask: shutting down", file=sys.stderr, flush=True)
         with trio.move_on_after(10):
@@ -162,8 +165,14 @@ async def serve(args: argparse.Namespace) -> None:
         nursery.cancel_scope.deadline = trio.current_time() + 10
 
 
-async def _watch_signals(shutdown: trio.Event) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+async def _watch_signals(
+    shutdown: trio.Event, *, task_status: trio.TaskStatus[trio.CancelScope]
+) -> None:
+    with (
+        trio.CancelScope() as scope,
+        trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals,
+    ):
+        task_status.started(scope)
         async for _ in signals:
             shutdown.set()
             return
