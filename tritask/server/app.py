@@ -271,6 +271,7 @@ class App:
         if extension.id in self.extensions:
             raise ValueError(f"extension {extension.id!r} is already registered")
         self.extensions[extension.id] = extension
+        extension.attached(self)
 
     @asynccontextmanager
     async def running(self, env: ServeEnvironment | None = None) -> AsyncIterator[App]:

@@ -462,6 +462,14 @@ class Dispatcher:
                 "notifications/subscriptions/acknowledged",
                 {"_meta": dict(tag), "notifications": accepted},
             )
+            for extension in self.app.extensions.values():
+                for method, snapshot_params in await extension.subscription_snapshot(
+                    accepted, ctx
+                ):
+                    snapshot_meta = snapshot_params.get("_meta")
+                    merged_meta = dict(snapshot_meta) if isinstance(snapshot_meta, dict) else {}
+                    merged_meta.update(tag)
+                    await ctx.send_notification(method, {**snapshot_params, "_meta": merged_meta})
             async for event in subscription:
                 event_params = dict(event.params)
                 event_meta = event_params.get("_meta")

@@ -46,6 +46,9 @@ class Extension:
 
     id: str = ""
 
+    def attached(self, app: App) -> None:
+        """Called once when the extension is added to ``app``."""
+
     def settings(self) -> dict[str, JSONValue]:
         """Advertised as ``capabilities.extensions[id]`` in ``server/discover``."""
         return {}
@@ -76,6 +79,12 @@ class Extension:
     ) -> dict[str, JSONValue]:
         """Validate and grant this extension's keys of a listen filter (default: none)."""
         return {}
+
+    async def subscription_snapshot(
+        self, accepted: Mapping[str, JSONValue], ctx: Context
+    ) -> list[tuple[str, dict[str, JSONValue]]]:
+        """Notifications sent right after the acknowledgement (current state, so no gap)."""
+        return []
 
     @asynccontextmanager
     async def lifespan(self, app: App, env: ServeEnvironment) -> AsyncIterator[None]:

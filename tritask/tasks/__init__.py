@@ -1,1 +1,31 @@
-"""The Tasks extension (io.modelcontextprotocol/tasks): model, reducer, stores and runner."""
+"""The Tasks extension (SEP-2663): model, reducer, store contract, runner and extension."""
+
+from tritask.tasks.events import Effects as Effects
+from tritask.tasks.events import Event as Event
+from tritask.tasks.events import EventKind as EventKind
+from tritask.tasks.executor import Completed as Completed
+from tritask.tasks.executor import ExecutionToken as ExecutionToken
+from tritask.tasks.executor import Failed as Failed
+from tritask.tasks.executor import Retry as Retry
+from tritask.tasks.executor import RoutingExecutor as RoutingExecutor
+from tritask.tasks.executor import StaleAttempt as StaleAttempt
+from tritask.tasks.executor import TaskCancelled as TaskCancelled
+from tritask.tasks.executor import WorkExecutor as WorkExecutor
+from tritask.tasks.extension import EXTENSION_ID as EXTENSION_ID
+from tritask.tasks.extension import Tasks as Tasks
+from tritask.tasks.extension import TaskOptions as TaskOptions
+from tritask.tasks.extension import ToolCallExecutor as ToolCallExecutor
+from tritask.tasks.extension import await_input as await_input
+from tritask.tasks.instrumentation import InstrumentationSink as InstrumentationSink
+from tritask.tasks.instrumentation import LoggingInstrumentation as LoggingInstrumentation
+from tritask.tasks.instrumentation import RecordingInstrumentation as RecordingInstrumentation
+from tritask.tasks.memory import MemoryStore as MemoryStore
+from tritask.tasks.model import Snapshot as Snapshot
+from tritask.tasks.model import Task as Task
+from tritask.tasks.model import TaskStatus as TaskStatus
+from tritask.tasks.reducer import apply as apply
+from tritask.tasks.runner import Runner as Runner
+from tritask.tasks.store import Store as Store
+from tritask.tasks.stores import open_store as open_store
+from tritask.tasks.work import RetryPolicy as RetryPolicy
+from tritask.tasks.work import Work as Work

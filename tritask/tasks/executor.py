@@ -1,0 +1,138 @@
+"""The execution boundary: what a runner asks an executor to do, and what it may answer.
+
+A ``WorkExecutor`` is application-owned and resolved on every claim (the first one and every
+recovered one), so work survives the process that accepted it. Only an explicit ``Retry``
+consumes the retry policy; exceptions, invalid answers and cancellation fail closed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+
+import attrs
+import trio
+
+from tritask.tasks.work import JSONObject, Work, ensure_json_object
+
+if TYPE_CHECKING:
+    from tritask.server.context import Context
+
+T = TypeVar("T")
+
+
+@attrs.frozen
+class Completed:
+    """The work finished; ``result`` is the task's result (a ``CallToolResult`` for tools)."""
+
+    result: JSONObject
+
+
+@attrs.frozen
+class Failed:
+    """The work failed for good (terminal even when retry delays remain)."""
+
+    error: JSONObject
+    message: str | None = None
+
+
+@attrs.frozen
+class Retry:
+    """Ask for the next delay of the work's retry policy (fails the task when exhausted)."""
+
+    error: JSONObject
+    message: str | None = None
+
+
+Outcome = Completed | Failed | Retry
+
+
+def internal_error(message: str) -> JSONObject:
+    return {"code": -32603, "message": message}
+
+
+def validate_outcome(value: object) -> Outcome:
+    """Admit only well-formed JSON outcomes; anything else is an executor failure."""
+    if isinstance(value, Completed):
+        return Completed(ensure_json_object(value.result, what="result"))
+    if isinstance(value, Failed | Retry):
+        error = ensure_json_object(value.error, what="error")
+        if not isinstance(error.get("code"), int) or not isinstance(error.get("message"), str):
+            raise TypeError("an error must be a JSON-RPC error object {code, message, data?}")
+        if value.message is not None and not isinstance(value.message, str):
+            raise TypeError("a status message must be a string or None")
+        return type(value)(error, value.message)
+    raise TypeError(f"an executor returned {type(value).__name__}, not Completed/Failed/Retry")
+
+
+class TaskCancelled(Exception):
+    """Raised by ``ExecutionToken.raise_if_cancelled`` in cooperative (thread) code."""
+
+
+class StaleAttempt(Exception):
+    """This attempt was replaced (reclaimed, cancelled, timed out); it may not act any more."""
+
+
+@runtime_checkable
+class InputChannel(Protocol):
+    async def await_input(self, key: str, request: JSONObject) -> JSONObject: ...
+
+
+@attrs.define(eq=False)
+class ExecutionToken:
+    """One attempt's identity and cooperative cancellation flag.
+
+    The runner cancels the attempt's trio cancel scope, which stops async work at its next
+    checkpoint; code running in a thread cannot be interrupted, so it polls ``cancelled``
+    (a thread-safe flag the runner sets first).
+    """
+
+    task_id: str
+    idempotency_key: str
+    generation: int
+    recovered: bool
+    context: Context | None = None
+    _input: InputChannel | None = attrs.field(default=None, repr=False)
+    _flag: threading.Event = attrs.field(factory=threading.Event, repr=False)
+
+    @property
+    def cancelled(self) -> bool:
+        return self._flag.is_set()
+
+    def cancel(self) -> None:
+        self._flag.set()
+
+    def raise_if_cancelled(self) -> None:
+        if self._flag.is_set():
+            raise TaskCancelled(self.task_id)
+
+    async def await_input(self, key: str, request: JSONObject) -> JSONObject:
+        """Park until ``tasks/update`` answers ``request`` (see the runner's inbox rules)."""
+        if self._input is None:
+            raise StaleAttempt(self.task_id)
+        return await self._input.await_input(key, request)
+
+    async def run_in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run blocking ``fn(token, *args)`` in a thread; it should poll ``token.cancelled``."""
+        return await trio.to_thread.run_sync(fn, self, *args)
+
+
+@runtime_checkable
+class WorkExecutor(Protocol):
+    """Executes work descriptors; state is rebuilt by the application, never persisted."""
+
+    async def execute(self, work: Work, token: ExecutionToken, state: Any) -> Outcome: ...
+
+
+@attrs.define
+class RoutingExecutor:
+    """Dispatch by ``work.type`` to one executor per type (e.g. tools plus custom jobs)."""
+
+    routes: dict[str, WorkExecutor]
+
+    async def execute(self, work: Work, token: ExecutionToken, state: Any) -> Outcome:
+        executor = self.routes.get(work.type)
+        if executor is None:
+            return Failed(internal_error(f"No executor for work type {work.type!r}"))
+        return await executor.execute(work, token, state)

@@ -1,0 +1,464 @@
+"""The Tasks extension (``io.modelcontextprotocol/tasks``, SEP-2663) on the server core.
+
+It plugs in through the public extension API only: ``tasks/get|update|cancel``, an
+``around_tool_call`` hook that decides per request whether a call becomes a task, the
+``Mcp-Name`` rule for task methods, and the ``taskIds`` listen filter. Tool lookup,
+authorization and argument validation have already happened, exactly as for a direct call,
+before this hook stores anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any, Final, Literal, TypeAlias
+
+import attrs
+import trio
+
+from tritask.jsonrpc import InternalError, InvalidParams, JsonRpcError, JSONValue, is_json_value
+from tritask.protocol.errors import MissingRequiredClientCapability
+from tritask.protocol.meta import RequestMeta
+from tritask.protocol.versions import LATEST_VERSION
+from tritask.server.app import App
+from tritask.server.context import Context
+from tritask.server.extension import CallNext, Extension, MethodHandler, ServeEnvironment, ToolCall
+from tritask.tasks.executor import Completed, ExecutionToken, Failed, Outcome, internal_error
+from tritask.tasks.model import Snapshot, create_task_result, detailed_task, new_task
+from tritask.tasks.reducer import DuplicateInputKey
+from tritask.tasks.runner import Runner, RunnerNotRunning
+from tritask.tasks.store import (
+    Action,
+    CapacityExceeded,
+    NotFound,
+    Store,
+    StoreError,
+    Unauthorized,
+)
+from tritask.tasks.stores import open_store
+from tritask.tasks.work import RetryPolicy, Work, canonical_json
+
+log = logging.getLogger("tritask.tasks")
+
+EXTENSION_ID: Final = "io.modelcontextprotocol/tasks"
+UNKNOWN_TASK: Final = "Unknown or inaccessible taskId"
+CONTINUATION: Final = (
+    "Task worker returned a continuation; use ctx.await_input or finish MRTR before creating a task"
+)
+TASK_METHODS: Final = frozenset({"tasks/get", "tasks/update", "tasks/cancel"})
+
+Mode = Literal["sync", "optional", "required"]
+
+
+class _Default:
+    def __repr__(self) -> str:
+        return "DEFAULT"
+
+
+DEFAULT: Final = _Default()
+"""Marks a ``TaskOptions`` field that falls back to the extension's setting."""
+
+
+@attrs.frozen(kw_only=True)
+class TaskOptions:
+    """Per-call overrides chosen by a tool's policy."""
+
+    ttl_ms: int | None | _Default = DEFAULT
+    poll_interval_ms: int | None | _Default = DEFAULT
+    status_message: str | None | _Default = DEFAULT
+    retry_policy: RetryPolicy | _Default = DEFAULT
+
+
+Decision: TypeAlias = Mode | tuple[Mode, TaskOptions]
+PolicyFn = Callable[[Mapping[str, JSONValue], Context], Decision | Awaitable[Decision]]
+Policy: TypeAlias = Decision | PolicyFn
+WorkBuilder = Callable[[str, str, dict[str, JSONValue], Context], Work]
+IdGenerator = Callable[[], str]
+
+
+def default_task_id() -> str:
+    """24 random bytes from ``secrets``: 192 bits, URL-safe, 32 characters."""
+    return secrets.token_urlsafe(24)
+
+
+def principal_scope(ctx: Any) -> JSONValue:
+    """Default store scope: the caller's principal (JSON), so tenants never see each other."""
+    principal = getattr(ctx, "principal", None)
+    if not is_json_value(principal):
+        raise Unauthorized("the principal is not JSON; configure Tasks(scope=...)")
+    return principal
+
+
+def _task_id_param(params: Mapping[str, JSONValue], limit: int) -> str:
+    task_id = params.get("taskId")
+    if not isinstance(task_id, str) or not task_id:
+        raise InvalidParams("A non-empty taskId is required")
+    if len(task_id.encode("utf-8")) > limit:
+        raise InvalidParams(f"taskId is longer than {limit} bytes")
+    return task_id
+
+
+def _normalise(decision: object) -> tuple[Mode, TaskOptions]:
+    if decision in ("sync", "optional", "required"):
+        return decision, TaskOptions()  # type: ignore[return-value]
+    if (
+        isinstance(decision, tuple)
+        and len(decision) == 2
+        and decision[0] in ("sync", "optional", "required")
+        and isinstance(decision[1], TaskOptions)
+    ):
+        return decision  # type: ignore[return-value]
+    raise InternalError("Tasks policy returned an invalid decision")
+
+
+class ToolCallExecutor:
+    """The default executor: re-runs ``tools/call`` work by tool name from the app registry.
+
+    This makes every task tool restartable out of the box (at least once: a tool reads
+    ``ctx.idempotency_key`` to deduplicate its side effects). A tool registered with
+    ``restartable=False`` fails clearly when its work is recovered instead of hanging.
+    """
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+
+    async def execute(self, work: Work, token: ExecutionToken, state: Any) -> Outcome:
+        if work.type != "tools/call":
+            return Failed(internal_error(f"No executor for work type {work.type!r}"))
+        name = work.input.get("name")
+        arguments = work.input.get("arguments", {})
+        tool = self.app.tools.get(name) if isinstance(name, str) else None
+        if tool is None or not isinstance(arguments, dict):
+            message = "Task work names a tool this server does not have"
+            return Failed(internal_error(message), message)
+        if token.context is None and not tool.restartable:
+            message = f"Task tool {tool.name} is not restartable; its work was lost in a restart"
+            return Failed(internal_error(message), message)
+        ctx = token.context or self._recovered_context(work, token)
+        dispatcher = self.app.dispatcher
+        prepared = dispatcher.prepare_tool_call(tool.name, arguments, work.input)
+        if not isinstance(prepared, ToolCall):
+            return Completed(dispatcher.shape(prepared))
+        try:
+            result = await dispatcher.run_tool(prepared, ctx)
+        except DuplicateInputKey as error:
+            message = f"Input key {error} was reused with a different request"
+            return Failed(internal_error(message), message)
+        except JsonRpcError as error:
+            return Failed(error.to_error(), error.message)
+        except Exception:
+            log.exception("task tool %s raised (task %s)", tool.name, token.task_id)
+            return Failed(internal_error("Task tool failed"), "Task tool failed")
+        if result.get("resultType", "complete") in ("input_required", "task"):
+            return Failed(internal_error(CONTINUATION), CONTINUATION)
+        return Completed(result)
+
+    def _recovered_context(self, work: Work, token: ExecutionToken) -> Context:
+        """A detached context rebuilt from the persisted work alone (after a restart)."""
+        return Context(
+            app=self.app,
+            method="tools/call",
+            meta=RequestMeta(protocol_version=LATEST_VERSION, client_capabilities={}),
+            principal=work.input.get("principal"),
+            transport="task",
+            extensions={EXTENSION_ID: {}},
+            input_provider=token._input,
+            task_id=token.task_id,
+            idempotency_key=token.idempotency_key,
+        )
+
+
+class Tasks(Extension):
+    """``io.modelcontextprotocol/tasks``: durable tasks around selected tools."""
+
+    id = EXTENSION_ID
+
+    def __init__(
+        self,
+        *,
+        store: Store | None = None,
+        runner: Runner | None = None,
+        task_support: Mapping[str, Policy] | None = None,
+        ttl_ms: int | None = 3_600_000,
+        poll_interval_ms: int | None = 250,
+        status_message: str | None = "Task accepted",
+        work_builder: WorkBuilder | None = None,
+        retry_policy: RetryPolicy | None = None,
+        retry_policies: Mapping[str, RetryPolicy] | None = None,
+        id_generator: IdGenerator = default_task_id,
+        max_task_id_bytes: int = 256,
+        max_work_input_bytes: int | None = 262_144,
+        max_task_ids: int = 100,
+        scope: Any = principal_scope,
+        runner_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        if ttl_ms is not None and ttl_ms <= 0:
+            raise ValueError("ttl_ms must be a positive integer or None (never expires)")
+        if poll_interval_ms is not None and poll_interval_ms <= 0:
+            raise ValueError("poll_interval_ms must be a positive integer or None")
+        self.store = store
+        self.runner = runner
+        self.task_support: dict[str, Policy] = dict(task_support or {})
+        self.ttl_ms = ttl_ms
+        self.poll_interval_ms = poll_interval_ms
+        self.status_message = status_message
+        self.work_builder = work_builder
+        self.retry_policy = retry_policy or RetryPolicy.none()
+        self.retry_policies = dict(retry_policies or {})
+        self.id_generator = id_generator
+        self.max_task_id_bytes = max_task_id_bytes
+        self.max_work_input_bytes = max_work_input_bytes
+        self.max_task_ids = max_task_ids
+        self.scope = scope
+        self.runner_options = dict(runner_options or {})
+        self._app: App | None = None
+        self._methods: dict[str, MethodHandler] = {
+            "tasks/get": self._get,
+            "tasks/update": self._update,
+            "tasks/cancel": self._cancel,
+        }
+
+    # -- wiring --------------------------------------------------------------------------
+
+    def attached(self, app: App) -> None:
+        self._app = app
+        if self.runner is not None:
+            self._wire(app, self.runner)
+
+    def _wire(self, app: App, runner: Runner) -> Callable[[], None]:
+        runner.set_default_executor(ToolCallExecutor(app))
+        return runner.subscribe(self._publish)
+
+    def _publish(self, snapshot: Snapshot) -> None:
+        if self._app is not None:
+            self._app.hub.publish(
+                "notifications/tasks", detailed_task(snapshot.task), {"taskIds": [snapshot.task.id]}
+            )
+
+    @asynccontextmanager
+    async def lifespan(self, app: App, env: ServeEnvironment) -> AsyncIterator[None]:
+        """Open the store named by the serve environment and run a recovering runner."""
+        async with AsyncExitStack() as stack:
+            opened_store = self.store is None
+            opened_runner = self.runner is None
+            if self.store is None:
+                url = env.store_url or "memory:"
+                store = open_store(url, scope=self.scope)
+                await stack.enter_async_context(store)
+                self.store = store
+                stack.callback(self._forget, "store")
+            if self.runner is None:
+                runner = Runner(self.store, recover=True, **self.runner_options)
+                nursery = await stack.enter_async_context(trio.open_nursery())
+                await nursery.start(runner.run)
+                stack.callback(runner.stop)
+                self.runner = runner
+                stack.callback(self._forget, "runner")
+                stack.callback(self._wire(app, runner))
+            log.info(
+                "tasks: store %s, runner %s",
+                "opened" if opened_store else "given",
+                "started" if opened_runner else "given",
+            )
+            yield
+
+    def _forget(self, what: str) -> None:
+        setattr(self, what, None)
+
+    def _parts(self) -> tuple[Store, Runner]:
+        if self.store is None or self.runner is None:
+            raise InternalError("Tasks store or runner is not configured")
+        return self.store, self.runner
+
+    # -- extension hooks -----------------------------------------------------------------
+
+    def methods(self) -> Mapping[str, MethodHandler]:
+        return self._methods
+
+    def name_source(self, method: str) -> str | None:
+        return "taskId" if method in TASK_METHODS else None
+
+    async def around_tool_call(
+        self, call: ToolCall, ctx: Context, call_next: CallNext
+    ) -> dict[str, JSONValue]:
+        mode, options = await self._decide(call, ctx)
+        negotiated = ctx.negotiated(EXTENSION_ID)
+        if mode == "sync" or (mode == "optional" and not negotiated):
+            return await call_next(call, ctx)
+        if not negotiated:
+            raise MissingRequiredClientCapability({"extensions": {EXTENSION_ID: {}}})
+        return await self._create(call, ctx, options)
+
+    async def _decide(self, call: ToolCall, ctx: Context) -> tuple[Mode, TaskOptions]:
+        policy = self.task_support.get(call.tool.name, "sync")
+        if callable(policy):
+            try:
+                decision = policy(call.params, ctx)
+                if isinstance(decision, Awaitable):
+                    decision = await decision
+            except JsonRpcError:
+                raise
+            except Exception as error:
+                log.exception("task policy for %s raised", call.tool.name)
+                raise InternalError("Tasks policy raised") from error
+            return _normalise(decision)
+        return _normalise(policy)
+
+    async def _create(
+        self, call: ToolCall, ctx: Context, options: TaskOptions
+    ) -> dict[str, JSONValue]:
+        store, runner = self._parts()
+        task_id = self.id_generator()
+        if not isinstance(task_id, str) or not task_id:
+            raise InternalError("Task id generator returned an invalid id")
+        if len(task_id.encode("utf-8")) > self.max_task_id_bytes:
+            raise InternalError("Task id generator returned an invalid id")
+        retry_policy = (
+            options.retry_policy
+            if isinstance(options.retry_policy, RetryPolicy)
+            else self.retry_policies.get(call.tool.name, self.retry_policy)
+        )
+        if self.work_builder is not None:
+            try:
+                work = self.work_builder(task_id, call.tool.name, dict(call.arguments), ctx)
+            except JsonRpcError:
+                raise
+            except Exception as error:
+                log.exception("work builder failed for %s", call.tool.name)
+                raise InternalError("Task work builder failed") from error
+            if not isinstance(work, Work):
+                raise InternalError("Task work builder must return a Work")
+            if work.retry_policy == RetryPolicy.none() and retry_policy != RetryPolicy.none():
+                work = attrs.evolve(work, retry_policy=retry_policy)
+        else:
+            work = Work.tool_call(task_id, call.tool.name, dict(call.arguments), retry_policy)
+        if work.idempotency_key != task_id:
+            raise InternalError("Task work idempotency key must match its task id")
+        if self.max_work_input_bytes is not None:
+            size = len(canonical_json(work.input).encode("utf-8"))
+            if size > self.max_work_input_bytes:
+                raise InvalidParams(f"Task input is larger than {self.max_work_input_bytes} bytes")
+        ttl = self.ttl_ms if isinstance(options.ttl_ms, _Default) else options.ttl_ms
+        poll = (
+            self.poll_interval_ms
+            if isinstance(options.poll_interval_ms, _Default)
+            else options.poll_interval_ms
+        )
+        message = (
+            self.status_message
+            if isinstance(options.status_message, _Default)
+            else options.status_message
+        )
+        try:
+            access = await store.authorize(ctx, Action.CREATE, task_id)
+        except Unauthorized as error:
+            raise InternalError("Task creation was not authorized") from error
+        except StoreError as error:
+            log.error("task authorization failed: %s", error)
+            raise InternalError("Task authorization failed") from error
+        task = new_task(task_id, await store.now(), ttl, poll, message)
+        try:
+            snapshot = await runner.create_task(
+                task, work, access, context=ctx.detach(task_id=task_id, idempotency_key=task_id)
+            )
+        except CapacityExceeded as error:
+            raise InternalError(
+                "Task capacity exhausted", {"retryable": True, "limit": str(error.limit)}
+            ) from error
+        except (StoreError, RunnerNotRunning) as error:
+            log.error("task creation failed: %s", error)
+            raise InternalError("Task creation failed") from error
+        return create_task_result(snapshot.task)
+
+    async def subscription_filter(
+        self, requested: Mapping[str, JSONValue], ctx: Context
+    ) -> dict[str, JSONValue]:
+        if "taskIds" not in requested:
+            return {}
+        if not ctx.negotiated(EXTENSION_ID):
+            raise MissingRequiredClientCapability({"extensions": {EXTENSION_ID: {}}})
+        ids = requested["taskIds"]
+        if not isinstance(ids, list):
+            raise InvalidParams("subscriptions/listen taskIds must be a list")
+        if len(ids) > self.max_task_ids:
+            raise InvalidParams(f"taskIds must contain at most {self.max_task_ids} entries")
+        for task_id in ids:
+            if not isinstance(task_id, str) or not task_id:
+                raise InvalidParams("taskIds must contain non-empty strings")
+            if len(task_id.encode("utf-8")) > self.max_task_id_bytes:
+                raise InvalidParams(f"taskIds entries must be at most {self.max_task_id_bytes} bytes")
+        visible = [task_id for task_id in dict.fromkeys(ids) if await self._visible(task_id, ctx)]
+        return {"taskIds": visible} if visible else {}
+
+    async def subscription_snapshot(
+        self, accepted: Mapping[str, JSONValue], ctx: Context
+    ) -> list[tuple[str, dict[str, JSONValue]]]:
+        ids = accepted.get("taskIds")
+        if not isinstance(ids, list):
+            return []
+        frames: list[tuple[str, dict[str, JSONValue]]] = []
+        for task_id in ids:
+            snapshot = await self._lookup(task_id, ctx, Action.GET)
+            if snapshot is not None:
+                frames.append(("notifications/tasks", detailed_task(snapshot.task)))
+        return frames
+
+    async def _visible(self, task_id: str, ctx: Context) -> bool:
+        return await self._lookup(task_id, ctx, Action.GET) is not None
+
+    async def _lookup(self, task_id: str, ctx: Context, action: Action) -> Snapshot | None:
+        store, _ = self._parts()
+        try:
+            access = await store.authorize(ctx, action, task_id)
+        except Unauthorized:
+            return None
+        snapshot = await store.get(task_id, access)
+        return None if isinstance(snapshot, NotFound) else snapshot
+
+    # -- task methods --------------------------------------------------------------------
+
+    async def _get(self, params: dict[str, JSONValue], ctx: Context) -> dict[str, JSONValue]:
+        task_id = _task_id_param(params, self.max_task_id_bytes)
+        snapshot = await self._lookup(task_id, ctx, Action.GET)
+        if snapshot is None:
+            raise InvalidParams(UNKNOWN_TASK)
+        return {"resultType": "complete", **detailed_task(snapshot.task)}
+
+    async def _update(self, params: dict[str, JSONValue], ctx: Context) -> dict[str, JSONValue]:
+        task_id = _task_id_param(params, self.max_task_id_bytes)
+        responses = params.get("inputResponses")
+        if not isinstance(responses, dict):
+            raise InvalidParams("tasks/update requires an inputResponses object")
+        if not all(
+            isinstance(key, str) and key and isinstance(value, dict)
+            for key, value in responses.items()
+        ) or not is_json_value(responses):
+            raise InvalidParams("inputResponses is invalid")
+        store, runner = self._parts()
+        try:
+            access = await store.authorize(ctx, Action.UPDATE, task_id)
+        except Unauthorized:
+            raise InvalidParams(UNKNOWN_TASK) from None
+        result = await runner.update(task_id, responses, access)
+        if isinstance(result, NotFound):
+            raise InvalidParams(UNKNOWN_TASK)
+        return {"resultType": "complete"}
+
+    async def _cancel(self, params: dict[str, JSONValue], ctx: Context) -> dict[str, JSONValue]:
+        task_id = _task_id_param(params, self.max_task_id_bytes)
+        store, runner = self._parts()
+        try:
+            access = await store.authorize(ctx, Action.CANCEL, task_id)
+        except Unauthorized:
+            raise InvalidParams(UNKNOWN_TASK) from None
+        result = await runner.cancel(task_id, access)
+        if isinstance(result, NotFound):
+            raise InvalidParams(UNKNOWN_TASK)
+        return {"resultType": "complete"}
+
+
+def await_input(ctx: Context, key: str, request: dict[str, JSONValue]) -> Awaitable[dict[str, JSONValue]]:
+    """``tritask.await_input(ctx, key, request)``: the function form of ``ctx.await_input``."""
+    return ctx.await_input(key, request)

@@ -1,0 +1,826 @@
+"""The Runner: executes claimed tasks in its own nursery, one cancel scope per attempt.
+
+Each attempt runs inside its own ``trio.CancelScope``: that scope *is* the attempt's execution
+token. To replace an attempt (the task was cancelled, its lease went stale, recovery reclaimed
+it, it ran too long, or it expired) the runner first has the store decide, then cancels the old
+scope and waits until the old attempt has really exited, and only then starts a replacement.
+A late result from a replaced attempt carries an old lease generation and the store refuses it.
+
+The store is the authority on state and time; the runner's timers only make things faster. A
+runner may stop at any moment: leases expire, and any runner with ``recover=True`` picks the
+work up again with ``claim_next``.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections import deque
+from collections.abc import Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal
+
+import attrs
+import trio
+
+from tritask.protocol.capabilities import require_input_request
+from tritask.tasks import instrumentation as ins
+from tritask.tasks.events import Event, EventKind
+from tritask.tasks.executor import (
+    Completed,
+    ExecutionToken,
+    Failed,
+    Outcome,
+    Retry,
+    StaleAttempt,
+    WorkExecutor,
+    internal_error,
+    validate_outcome,
+)
+from tritask.tasks.instrumentation import InstrumentationSink
+from tritask.tasks.model import Snapshot, Task, TaskStatus
+from tritask.tasks.reducer import DuplicateInputKey
+from tritask.tasks.store import (
+    NOT_FOUND,
+    Access,
+    Authority,
+    CapacityExceeded,
+    Claimed,
+    Conflict,
+    Deferred,
+    Lease,
+    NotFound,
+    RequestAuthority,
+    StaleLease,
+    Store,
+    Transition,
+    WorkerAuthority,
+)
+from tritask.tasks.work import JSONObject, Work, ensure_json_object
+
+if TYPE_CHECKING:
+    from tritask.server.context import Context
+
+log = logging.getLogger("tritask.runner")
+
+Listener = Callable[[Snapshot], None]
+Source = Literal["request", "recovery", "retry"]
+
+EXECUTOR_FAILED = "Durable task executor failed"
+NO_EXECUTOR = "Recovered work has no configured executor"
+MAX_RUNTIME = "Task exceeded its maximum runtime"
+
+
+class RunnerNotRunning(RuntimeError):
+    """The runner is not (or no longer) running, so it cannot take work."""
+
+
+@attrs.define(eq=False)
+class _Waiter:
+    event: trio.Event = attrs.field(factory=trio.Event)
+    response: JSONObject | None = None
+    error: BaseException | None = None
+
+    def deliver(self, response: JSONObject) -> None:
+        if not self.event.is_set():
+            self.response = response
+            self.event.set()
+
+    def fail(self, error: BaseException) -> None:
+        if not self.event.is_set():
+            self.error = error
+            self.event.set()
+
+
+@attrs.define(eq=False)
+class _Job:
+    task_id: str
+    lease: Lease
+    revision: int
+    work: Work
+    source: Source
+    token: ExecutionToken
+    started_at: float
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    done: trio.Event = attrs.field(factory=trio.Event)
+    lease_lock: trio.Lock = attrs.field(factory=trio.Lock)
+    waiters: dict[str, _Waiter] = attrs.field(factory=dict)
+    stop_reason: str | None = None
+    settling: bool = False
+    outcome: str = "stopped"
+    store_outcome: str = "not_settled"
+    retry_delay_ms: int | None = None
+    terminal: bool = False
+
+
+@attrs.define(eq=False)
+class _AttemptInput:
+    """The input channel of one attempt: refuses to act once the attempt is replaced."""
+
+    runner: Runner
+    job: _Job
+
+    async def await_input(self, key: str, request: JSONObject) -> JSONObject:
+        return await self.runner._await_input(self.job, key, request)
+
+
+@attrs.frozen
+class RunnerStatistics:
+    jobs: int
+    peak_jobs: int
+    started: int
+    stopped: int
+    awaiting_slot: int
+    scheduled_retries: int
+
+
+def _positive(name: str, value: int | None, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer")
+
+
+class Runner:
+    """Supervises task attempts; start it with ``await nursery.start(runner.run)``."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        executor: WorkExecutor | None = None,
+        executor_state: Any = None,
+        recover: bool = False,
+        owner_id: str | None = None,
+        lease_ms: int = 30_000,
+        heartbeat_ms: int | None = None,
+        recovery_interval_ms: int = 1_000,
+        recovery_batch_size: int = 100,
+        reap_interval_ms: int | None = 60_000,
+        max_jobs: int = 32,
+        max_runtime_ms: int | None = 3_600_000,
+        instrumentation: InstrumentationSink | None = None,
+        settle_attempts: int = 5,
+        release_retry_ms: int = 100,
+    ) -> None:
+        _positive("lease_ms", lease_ms)
+        heartbeat = heartbeat_ms if heartbeat_ms is not None else max(lease_ms // 3, 1)
+        _positive("heartbeat_ms", heartbeat)
+        if heartbeat >= lease_ms:
+            raise ValueError("heartbeat_ms must be smaller than lease_ms")
+        _positive("recovery_interval_ms", recovery_interval_ms)
+        _positive("recovery_batch_size", recovery_batch_size)
+        _positive("reap_interval_ms", reap_interval_ms, allow_none=True)
+        _positive("max_jobs", max_jobs)
+        _positive("max_runtime_ms", max_runtime_ms, allow_none=True)
+        _positive("settle_attempts", settle_attempts)
+        _positive("release_retry_ms", release_retry_ms)
+        if owner_id is not None and (not isinstance(owner_id, str) or not owner_id):
+            raise ValueError("owner_id must be a non-empty string")
+        self.store = store
+        self.executor = executor
+        self.executor_state = executor_state
+        self.recover = recover
+        self.owner_id = owner_id or secrets.token_urlsafe(18)
+        self.lease_ms = lease_ms
+        self.heartbeat_ms = heartbeat
+        self.recovery_interval_ms = recovery_interval_ms
+        self.recovery_batch_size = recovery_batch_size
+        self.reap_interval_ms = reap_interval_ms
+        self.max_jobs = max_jobs
+        self.max_runtime_ms = max_runtime_ms
+        self.instrumentation = instrumentation
+        self.settle_attempts = settle_attempts
+        self.release_retry_ms = release_retry_ms
+        self._jobs: dict[str, _Job] = {}
+        self._contexts: dict[str, Context] = {}
+        self._retry_scopes: dict[str, trio.CancelScope] = {}
+        self._awaiting_slot: deque[str] = deque()
+        self._listeners: list[Listener] = []
+        self._nursery: trio.Nursery | None = None
+        self._stopping = trio.Event()
+        self._stopped = trio.Event()
+        self._peak = 0
+        self._started_count = 0
+        self._stopped_count = 0
+        self._cm_nursery: Any = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self._nursery is not None and not self._stopping.is_set()
+
+    async def run(self, *, task_status: trio.TaskStatus[Runner] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run until :meth:`stop`; then stop every attempt and release every lease."""
+        if self._nursery is not None or self._stopped.is_set():
+            raise RuntimeError("a Runner can run only once")
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                if self.recover:
+                    nursery.start_soon(self._recovery_loop)
+                if self.reap_interval_ms is not None:
+                    nursery.start_soon(self._reap_loop)
+                task_status.started(self)
+                await self._stopping.wait()
+                with trio.CancelScope(shield=True):
+                    await self._drain()
+                nursery.cancel_scope.cancel()
+        finally:
+            self._stopping.set()
+            self._stopped.set()
+
+    def stop(self) -> None:
+        """Ask the runner to stop; ``run`` returns once every attempt has exited."""
+        self._stopping.set()
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    async def __aenter__(self) -> Runner:
+        self._cm_nursery = trio.open_nursery()
+        nursery = await self._cm_nursery.__aenter__()
+        try:
+            await nursery.start(self.run)
+        except BaseException as exc:
+            await self._cm_nursery.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        self.stop()
+        result: bool | None = await self._cm_nursery.__aexit__(exc_type, exc, tb)
+        return result
+
+    async def _drain(self) -> None:
+        for scope in list(self._retry_scopes.values()):
+            scope.cancel()
+        self._awaiting_slot.clear()
+        async with trio.open_nursery() as nursery:
+            for job in list(self._jobs.values()):
+                nursery.start_soon(self._stop_job, job, "runner_stopped")
+
+    def statistics(self) -> RunnerStatistics:
+        return RunnerStatistics(
+            jobs=len(self._jobs),
+            peak_jobs=self._peak,
+            started=self._started_count,
+            stopped=self._stopped_count,
+            awaiting_slot=len(self._awaiting_slot),
+            scheduled_retries=len(self._retry_scopes),
+        )
+
+    def active_task_ids(self) -> list[str]:
+        return sorted(self._jobs)
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        """Call ``listener(snapshot)`` after every transition this runner applies."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
+
+    def set_default_executor(self, executor: WorkExecutor, state: Any = None) -> None:
+        """Install an executor unless the application configured one (used by extensions)."""
+        if self.executor is None:
+            self.executor = executor
+            self.executor_state = state
+
+    def _require_running(self) -> trio.Nursery:
+        if self._nursery is None or self._stopping.is_set():
+            raise RunnerNotRunning("the task runner is not running")
+        return self._nursery
+
+    # -- store calls with instrumentation ------------------------------------------------
+
+    def _emit(self, name: str, measurements: dict[str, float | int], meta: dict[str, Any]) -> None:
+        ins.emit(self.instrumentation, name, measurements, meta)
+
+    def _publish(self, snapshot: Snapshot) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(snapshot)
+            except Exception:
+                log.exception("task listener failed")
+
+    async def _transition(
+        self, task_id: str, revision: int, event: Event, authority: Authority
+    ) -> Transition | Conflict | NotFound:
+        started = trio.current_time()
+        outcome = "error"
+        try:
+            result = await self.store.transition(task_id, revision, event, authority)
+            if isinstance(result, Transition):
+                outcome = result.outcome
+                if result.outcome == "applied":
+                    self._publish(result.snapshot)
+            elif isinstance(result, Conflict):
+                outcome = "conflict"
+            else:
+                outcome = "not_found"
+            return result
+        finally:
+            self._emit(
+                ins.STORE_TRANSITION,
+                {"duration": trio.current_time() - started},
+                {
+                    "task_id": task_id,
+                    "expected_revision": revision,
+                    "event_kind": event.kind.value,
+                    "authority": "worker" if isinstance(authority, WorkerAuthority) else "request",
+                    "outcome": outcome,
+                },
+            )
+
+    async def _commit_worker(self, job: _Job, event: Event) -> Transition | None:
+        """Apply a worker event by compare-and-set, following conflicts with fresh revisions."""
+        revision = job.revision
+        for _ in range(self.settle_attempts):
+            try:
+                async with job.lease_lock:
+                    result = await self._transition(
+                        job.task_id, revision, event, WorkerAuthority(job.lease)
+                    )
+            except StaleLease:
+                self._emit(
+                    ins.FENCED_WRITE_REJECTED,
+                    {"generation": job.lease.generation},
+                    {"task_id": job.task_id, "event_kind": event.kind.value},
+                )
+                return None
+            if isinstance(result, Transition):
+                job.revision = max(job.revision, result.snapshot.revision)
+                return result
+            if isinstance(result, Conflict):
+                revision = result.snapshot.revision
+                job.revision = revision
+                continue
+            return None
+        log.error("gave up committing %s for task %s after conflicts", event.kind, job.task_id)
+        return None
+
+    async def _request_transition(
+        self, task_id: str, event: Event, access: Access
+    ) -> Transition | NotFound:
+        snapshot = await self.store.get(task_id, access)
+        if isinstance(snapshot, NotFound):
+            return NOT_FOUND
+        for _ in range(self.settle_attempts):
+            result = await self._transition(
+                task_id, snapshot.revision, event, RequestAuthority(access)
+            )
+            if isinstance(result, Conflict):
+                snapshot = result.snapshot
+                continue
+            return result
+        raise RuntimeError(f"transition of task {task_id} kept conflicting")
+
+    # -- request operations --------------------------------------------------------------
+
+    async def create_task(
+        self, task: Task, work: Work, access: Access, *, context: Context | None = None
+    ) -> Snapshot:
+        """Store the task and start it here: capacity check, create, claim, start."""
+        self._require_running()
+        if len(self._jobs) >= self.max_jobs:
+            raise _JobCapacity()
+        snapshot = await self.store.create(task, work, access)
+        if context is not None:
+            self._contexts[task.id] = context
+        await self._claim_and_start(task.id, "request")
+        return snapshot
+
+    async def start_task(self, task_id: str, *, context: Context | None = None) -> None:
+        """Claim and start an existing task here (a no-op if this runner already runs it)."""
+        self._require_running()
+        if context is not None:
+            self._contexts[task_id] = context
+        if task_id in self._jobs:
+            return
+        if len(self._jobs) >= self.max_jobs:
+            raise _JobCapacity()
+        await self._claim_and_start(task_id, "request")
+
+    async def cancel(self, task_id: str, access: Access) -> Snapshot | NotFound:
+        """Commit ``cancelled`` first, then stop the local attempt and wait for it to exit."""
+        result = await self._request_transition(task_id, Event.cancelled(), access)
+        if isinstance(result, NotFound):
+            return NOT_FOUND
+        if result.snapshot.task.status == TaskStatus.CANCELLED:
+            await self._abandon(task_id, "cancelled")
+        return result.snapshot
+
+    async def update(self, task_id: str, responses: JSONObject, access: Access) -> Snapshot | NotFound:
+        """Accept input responses in the store, then wake the attempts waiting for them."""
+        result = await self._request_transition(
+            task_id, Event.input_responses_accepted(responses), access
+        )
+        if isinstance(result, NotFound):
+            return NOT_FOUND
+        accepted = result.effects.accepted_input_responses or {}
+        job = self._jobs.get(task_id)
+        if job is not None:
+            for key, response in accepted.items():
+                waiter = job.waiters.get(key)
+                if waiter is not None:
+                    waiter.deliver(response)
+        return result.snapshot
+
+    async def _abandon(self, task_id: str, reason: str) -> None:
+        scope = self._retry_scopes.pop(task_id, None)
+        if scope is not None:
+            scope.cancel()
+        try:
+            self._awaiting_slot.remove(task_id)
+        except ValueError:
+            pass
+        self._contexts.pop(task_id, None)
+        job = self._jobs.get(task_id)
+        if job is not None:
+            await self._stop_job(job, reason)
+
+    # -- claiming and starting -----------------------------------------------------------
+
+    async def _claim_and_start(self, task_id: str, source: Source) -> None:
+        nursery = self._nursery
+        if nursery is None or self._stopping.is_set():
+            return
+        result = await self.store.claim(task_id, self.owner_id, self.lease_ms)
+        if isinstance(result, Claimed):
+            await self._start(result, source)
+        elif isinstance(result, Deferred):
+            self._schedule_retry(task_id, result.remaining_ms)
+
+    async def _start(self, claimed: Claimed, source: Source) -> None:
+        snapshot, lease = claimed.snapshot, claimed.lease
+        self._emit(
+            ins.LEASE_CLAIMED,
+            {"generation": lease.generation},
+            {"task_id": lease.task_id, "source": source},
+        )
+        nursery = self._nursery
+        if nursery is None or self._stopping.is_set() or snapshot.work is None:
+            await self._release(lease)
+            return
+        old = self._jobs.get(lease.task_id)
+        if old is not None:
+            self._emit(
+                ins.RECOVERY_RECLAIMED,
+                {"generation": lease.generation},
+                {"task_id": lease.task_id},
+            )
+            await self._stop_job(old, "reclaimed")
+        token = ExecutionToken(
+            task_id=lease.task_id,
+            idempotency_key=snapshot.work.idempotency_key,
+            generation=lease.generation,
+            recovered=source == "recovery",
+            context=None,
+        )
+        job = _Job(
+            task_id=lease.task_id,
+            lease=lease,
+            revision=snapshot.revision,
+            work=snapshot.work,
+            source=source,
+            token=token,
+            started_at=trio.current_time(),
+        )
+        token._input = _AttemptInput(self, job)
+        context = self._contexts.get(lease.task_id)
+        if context is not None:
+            token.context = context.detach(
+                input_provider=token._input,
+                task_id=lease.task_id,
+                idempotency_key=snapshot.work.idempotency_key,
+            )
+        await nursery.start(self._job_main, job)
+
+    def _schedule_retry(self, task_id: str, delay_ms: int) -> None:
+        nursery = self._nursery
+        if nursery is None or self._stopping.is_set() or task_id in self._retry_scopes:
+            return
+        scope = trio.CancelScope()
+        self._retry_scopes[task_id] = scope
+        nursery.start_soon(self._retry_due, task_id, delay_ms, scope)
+
+    async def _retry_due(self, task_id: str, delay_ms: int, scope: trio.CancelScope) -> None:
+        with scope:
+            await trio.sleep(delay_ms / 1000)
+        if self._retry_scopes.get(task_id) is scope:
+            del self._retry_scopes[task_id]
+        if scope.cancelled_caught or task_id in self._jobs:
+            return
+        if len(self._jobs) >= self.max_jobs:
+            if task_id not in self._awaiting_slot:
+                self._awaiting_slot.append(task_id)
+            return
+        await self._claim_and_start(task_id, "retry")
+
+    async def _fill_slots(self) -> None:
+        while self._awaiting_slot and len(self._jobs) < self.max_jobs and self.running:
+            task_id = self._awaiting_slot.popleft()
+            if task_id not in self._jobs:
+                await self._claim_and_start(task_id, "retry")
+
+    # -- one attempt ---------------------------------------------------------------------
+
+    async def _job_main(self, job: _Job, *, task_status: trio.TaskStatus[None]) -> None:
+        self._jobs[job.task_id] = job
+        self._started_count += 1
+        self._peak = max(self._peak, len(self._jobs))
+        self._emit(
+            ins.JOB_START,
+            {"jobs": len(self._jobs), "system_time": trio.current_time()},
+            {"task_id": job.task_id, "revision": job.revision, "source": job.source},
+        )
+        try:
+            with job.scope:
+                task_status.started()
+                async with trio.open_nursery() as attempt:
+                    attempt.start_soon(self._heartbeat, job)
+                    if self.max_runtime_ms is not None:
+                        attempt.start_soon(self._runtime_limit, job)
+                    outcome = await self._execute(job)
+                    await self._settle(job, outcome)
+                    attempt.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._finish(job)
+
+    async def _execute(self, job: _Job) -> Outcome:
+        executor = self.executor
+        if executor is None:
+            return Failed(internal_error(NO_EXECUTOR), NO_EXECUTOR)
+        try:
+            value = await executor.execute(job.work, job.token, self.executor_state)
+        except Exception:
+            log.exception("executor failed for task %s", job.task_id)
+            return Failed(internal_error(EXECUTOR_FAILED), EXECUTOR_FAILED)
+        try:
+            return validate_outcome(value)
+        except (TypeError, ValueError) as error:
+            log.error("executor returned an invalid outcome for task %s: %s", job.task_id, error)
+            return Failed(internal_error(EXECUTOR_FAILED), EXECUTOR_FAILED)
+
+    async def _settle(self, job: _Job, outcome: Outcome) -> None:
+        if job.stop_reason is not None:
+            return
+        job.settling = True
+        if isinstance(outcome, Completed):
+            event = Event.completed(outcome.result)
+            job.outcome = "completed"
+        elif isinstance(outcome, Retry):
+            event = Event.retry_requested(outcome.error, outcome.message)
+            job.outcome = "retry"
+        else:
+            event = Event.failed(outcome.error, outcome.message)
+            job.outcome = "failed"
+        result = await self._commit_worker(job, event)
+        if result is None:
+            job.store_outcome = "error"
+            return
+        job.store_outcome = result.outcome
+        job.terminal = result.snapshot.task.status.is_terminal
+        retry = result.effects.retry
+        if (
+            event.kind == EventKind.RETRY_REQUESTED
+            and retry is not None
+            and retry.disposition == "scheduled"
+            and not job.terminal
+        ):
+            delay = 0 if result.outcome == "duplicate" else (retry.delay_ms or 0)
+            job.retry_delay_ms = delay
+            self._emit(
+                ins.RETRY_SCHEDULED,
+                {"delay_ms": delay, "retry_count": retry.retry_count},
+                {"task_id": job.task_id},
+            )
+
+    async def _finish(self, job: _Job) -> None:
+        release_outcome = "ok" if await self._release(job.lease, lock=job.lease_lock) else "error"
+        for waiter in job.waiters.values():
+            waiter.fail(StaleAttempt(job.task_id))
+        if self._jobs.get(job.task_id) is job:
+            del self._jobs[job.task_id]
+        self._stopped_count += 1
+        outcome = job.stop_reason or job.outcome
+        self._emit(
+            ins.JOB_STOP,
+            {"duration": trio.current_time() - job.started_at, "jobs": len(self._jobs)},
+            {
+                "task_id": job.task_id,
+                "outcome": outcome,
+                "store_outcome": job.store_outcome,
+                "release_outcome": release_outcome,
+            },
+        )
+        if job.terminal:
+            self._contexts.pop(job.task_id, None)
+        job.done.set()
+        if job.retry_delay_ms is not None and job.stop_reason is None:
+            self._schedule_retry(job.task_id, job.retry_delay_ms)
+        if self._awaiting_slot and self.running and self._nursery is not None:
+            self._nursery.start_soon(self._fill_slots)
+
+    async def _release(self, lease: Lease, *, lock: trio.Lock | None = None) -> bool:
+        try:
+            if lock is not None:
+                async with lock:
+                    await self.store.release(lease)
+            else:
+                await self.store.release(lease)
+            return True
+        except StaleLease:
+            return False
+        except Exception:
+            log.exception("releasing the lease of task %s failed; retrying", lease.task_id)
+            if self._nursery is not None and not self._stopped.is_set():
+                self._nursery.start_soon(self._release_later, lease)
+            return False
+
+    async def _release_later(self, lease: Lease) -> None:
+        while True:
+            await trio.sleep(self.release_retry_ms / 1000)
+            try:
+                await self.store.release(lease)
+                return
+            except StaleLease:
+                return
+            except Exception:
+                log.debug("release of task %s still failing", lease.task_id)
+
+    def _request_stop(self, job: _Job, reason: str) -> None:
+        if job.stop_reason is None:
+            job.stop_reason = reason
+        job.token.cancel()
+        job.scope.cancel()
+
+    async def _stop_job(self, job: _Job, reason: str) -> None:
+        """Cancel an attempt's scope and wait until it has exited (its lease is released)."""
+        self._request_stop(job, reason)
+        await job.done.wait()
+
+    async def _heartbeat(self, job: _Job) -> None:
+        while True:
+            await trio.sleep(self.heartbeat_ms / 1000)
+            try:
+                async with job.lease_lock:
+                    job.lease = await self.store.renew(job.lease, self.lease_ms)
+                    snapshot = await self.store.worker_snapshot(job.task_id, job.lease)
+            except StaleLease:
+                self._emit(
+                    ins.LEASE_LOST,
+                    {"generation": job.lease.generation},
+                    {"task_id": job.task_id},
+                )
+                self._request_stop(job, "stale_lease")
+                return
+            self._emit(
+                ins.LEASE_RENEWED,
+                {"generation": job.lease.generation},
+                {"task_id": job.task_id},
+            )
+            if isinstance(snapshot, NotFound):
+                self._request_stop(job, "expired")
+                return
+            self._reconcile(job, snapshot)
+
+    def _reconcile(self, job: _Job, snapshot: Snapshot) -> None:
+        """Deliver inbox answers accepted elsewhere; stop if the task ended elsewhere."""
+        job.revision = max(job.revision, snapshot.revision)
+        if snapshot.task.status.is_terminal and not job.settling:
+            job.terminal = True
+            reason = "cancelled" if snapshot.task.status == TaskStatus.CANCELLED else "stopped"
+            self._request_stop(job, reason)
+            return
+        for key, waiter in job.waiters.items():
+            response = snapshot.accepted_input_responses.get(key)
+            if response is not None:
+                waiter.deliver(response)
+
+    async def _runtime_limit(self, job: _Job) -> None:
+        assert self.max_runtime_ms is not None
+        await trio.sleep(self.max_runtime_ms / 1000)
+        if job.stop_reason is not None or job.settling:
+            return
+        job.stop_reason = "max_runtime"
+        result = await self._commit_worker(job, Event.failed(internal_error(MAX_RUNTIME), MAX_RUNTIME))
+        if result is not None:
+            job.store_outcome = result.outcome
+            job.terminal = result.snapshot.task.status.is_terminal
+        self._request_stop(job, "max_runtime")
+
+    # -- input ---------------------------------------------------------------------------
+
+    async def _await_input(self, job: _Job, key: str, request: JSONObject) -> JSONObject:
+        if self._jobs.get(job.task_id) is not job or job.stop_reason is not None:
+            raise StaleAttempt(job.task_id)
+        if not isinstance(key, str) or not key:
+            raise ValueError("an input key must be a non-empty string")
+        request = ensure_json_object(request, what="input request")
+        if not isinstance(request.get("method"), str) or not request["method"]:
+            raise ValueError("an input request needs a non-empty string method")
+        context = job.token.context
+        if context is not None:
+            require_input_request(dict(context.client_capabilities), request)
+        if key in job.waiters:
+            raise DuplicateInputKey(key)
+        waiter = _Waiter()
+        job.waiters[key] = waiter
+        try:
+            await self._register_input(job, key, request, waiter)
+            await waiter.event.wait()
+        finally:
+            if job.waiters.get(key) is waiter:
+                del job.waiters[key]
+        if waiter.error is not None:
+            raise waiter.error
+        assert waiter.response is not None
+        return waiter.response
+
+    async def _register_input(
+        self, job: _Job, key: str, request: JSONObject, waiter: _Waiter
+    ) -> None:
+        """Replay, re-attach to, or newly request input ``key`` (keys are unique for life)."""
+        try:
+            async with job.lease_lock:
+                snapshot = await self.store.worker_snapshot(job.task_id, job.lease)
+        except StaleLease:
+            raise StaleAttempt(job.task_id) from None
+        if isinstance(snapshot, NotFound):
+            raise StaleAttempt(job.task_id)
+        history = snapshot.input_history.get(key)
+        if history is not None:
+            if history != request:
+                raise DuplicateInputKey(key)
+            answered = snapshot.accepted_input_responses.get(key)
+            if answered is not None:
+                waiter.deliver(answered)
+                return
+            if key in snapshot.task.input_requests:
+                return
+            raise DuplicateInputKey(key)
+        if snapshot.task.status.is_terminal:
+            raise StaleAttempt(job.task_id)
+        job.revision = max(job.revision, snapshot.revision)
+        result = await self._commit_worker(job, Event.input_requested(key, request))
+        if result is None or result.outcome == "unchanged":
+            raise StaleAttempt(job.task_id)
+
+    # -- background loops ----------------------------------------------------------------
+
+    async def _recovery_loop(self) -> None:
+        while True:
+            try:
+                await self.recover_once()
+            except Exception:
+                log.exception("recovery pass failed")
+            await trio.sleep(self.recovery_interval_ms / 1000)
+
+    async def recover_once(self) -> int:
+        """Claim and start up to ``recovery_batch_size`` claimable tasks; return how many."""
+        adopted = 0
+        for _ in range(self.recovery_batch_size):
+            if len(self._jobs) >= self.max_jobs or not self.running:
+                break
+            claimed = await self.store.claim_next(self.owner_id, self.lease_ms)
+            if claimed is None:
+                break
+            await self._start(claimed, "recovery")
+            adopted += 1
+        return adopted
+
+    async def _reap_loop(self) -> None:
+        assert self.reap_interval_ms is not None
+        while True:
+            await trio.sleep(self.reap_interval_ms / 1000)
+            try:
+                await self.reap_once()
+            except Exception:
+                log.exception("reaping failed")
+
+    async def reap_once(self) -> list[str]:
+        """Delete expired tasks in the store, then stop any local attempt of theirs."""
+        reaped = await self.store.reap()
+        if reaped:
+            self._emit(ins.TASKS_REAPED, {"count": len(reaped)}, {})
+        for task_id in reaped:
+            await self._abandon(task_id, "expired")
+        return reaped
+
+
+class _JobCapacity(CapacityExceeded):
+    """``max_jobs`` is reached on this runner (nothing was stored)."""
+
+    def __init__(self) -> None:
+        Exception.__init__(self, "task capacity exceeded: max_jobs")
+        self.limit = "max_jobs"  # type: ignore[assignment]
+
+
+def capacity_limit(error: CapacityExceeded) -> str:
+    return str(error.limit)
