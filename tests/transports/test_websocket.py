@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 import trio_websocket
 
 from tritask.server.app import App
@@ -205,8 +206,9 @@ async def test_closing_the_connection_cancels_its_requests() -> None:
                 await probe.started.wait()
         with trio.fail_after(10):
             await probe.saw_cancelled.wait()
-            while app.hub.subscriber_count:
-                await trio.sleep(0.01)
+        # both requests were cancelled together; let the listen task finish its cleanup
+        await trio.testing.wait_all_tasks_blocked()
+        assert app.hub.subscriber_count == 0
 
 
 async def test_bad_frames_get_errors() -> None:
