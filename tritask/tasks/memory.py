@@ -1,0 +1,488 @@
+"""``MemoryStore``: the volatile reference implementation of the Store contract.
+
+Each operation checkpoints once (so trio cancellation is honoured) and then runs to completion
+without awaiting, which makes it atomic under trio's cooperative scheduling.
+
+Choices worth knowing:
+
+* commit times: ``committed_at = max(now, last_updated_at + 1 ms)`` (parity with the reference
+  memory store, and wire times keep their millisecond form when the clock is millisecond-aligned);
+* ``claim_next`` keeps two heaps with lazy invalidation: ``ready`` by ``(created_at, task_id)``
+  and ``timed`` by the instant a task becomes claimable (retry due or lease expired), so a call
+  costs O(log n) amortised instead of a scan; ``reap`` pops an expiry heap;
+* values crossing the boundary are copied both ways, so callers mutating a returned snapshot,
+  event or effect cannot change the stored state (as with a real database).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import secrets
+from types import TracebackType
+from typing import Any, Self
+
+import attrs
+import trio
+
+from tritask.tasks._time import Clock, system_clock
+from tritask.tasks.events import Effects, Event
+from tritask.tasks.model import CorruptRecord, Snapshot, Task, initial_snapshot
+from tritask.tasks.reducer import apply
+from tritask.tasks.store import (
+    NOT_FOUND,
+    REQUEST_KINDS,
+    UNAVAILABLE,
+    WORKER_KINDS,
+    Access,
+    Action,
+    AlreadyExists,
+    Authority,
+    CapacityExceeded,
+    Claimed,
+    Conflict,
+    Deferred,
+    EventIdReused,
+    InvalidTask,
+    Lease,
+    NotFound,
+    RequestAuthority,
+    Scope,
+    StaleLease,
+    Transition,
+    UnauthorizedAction,
+    Unavailable,
+    WorkerAuthority,
+    require_scope,
+    resolve_scope,
+)
+from tritask.tasks.work import Work, canonical_json
+
+__all__ = ["MemoryStore", "open_memory_store"]
+
+_COMMIT_STEP_US = 1000
+_READ_ACTIONS = frozenset({Action.GET, Action.UPDATE, Action.CANCEL})
+
+
+def _limit(value: object, name: str) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be a positive int or None (unlimited)")
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive int or None (unlimited)")
+    return value
+
+
+def _positive_ms(value: object, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive int of milliseconds")
+    return value
+
+
+def _owner(value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError("owner_id must be a non-empty string")
+    return value
+
+
+def _copy_snapshot(snapshot: Snapshot) -> Snapshot:
+    work = None if snapshot.work is None else attrs.evolve(snapshot.work)
+    return attrs.evolve(snapshot, task=attrs.evolve(snapshot.task), work=work)
+
+
+@attrs.frozen
+class _Seen:
+    """The original commit of an event id, replayed verbatim for a duplicate."""
+
+    event_json: str
+    event_revision: int
+    committed_at: int
+    effects: Effects
+
+
+@attrs.define(eq=False)
+class _Entry:
+    serial: int
+    snapshot: Snapshot
+    scope: str
+    claim: Lease | None = None
+    generation: int = 0
+    sched: int = 0
+    seen: dict[str, _Seen] = attrs.field(factory=dict)
+    history: list[tuple[Event, int, int]] = attrs.field(factory=list)
+
+    @property
+    def active(self) -> bool:
+        return not self.snapshot.task.status.is_terminal
+
+    def expired(self, now: int) -> bool:
+        expires_at = self.snapshot.task.expires_at
+        return expires_at is not None and now >= expires_at
+
+
+class MemoryStore:
+    """The in-process store. ``scope`` is required; limits accept ``None`` for unlimited.
+
+    ``clock`` returns µs; use :class:`tritask.tasks._time.TrioClock` to follow trio's clock.
+    """
+
+    def __init__(
+        self,
+        *,
+        scope: Scope | None = None,
+        clock: Clock = system_clock,
+        max_tasks: int | None = 10_000,
+        max_active_tasks_per_scope: int | None = 100,
+    ) -> None:
+        self._scope = require_scope(scope, store="MemoryStore")
+        if not callable(clock):
+            raise TypeError("clock must be a zero-argument callable returning µs")
+        self._clock = clock
+        self._max_tasks = _limit(max_tasks, "max_tasks")
+        self._max_active = _limit(max_active_tasks_per_scope, "max_active_tasks_per_scope")
+        self._id = secrets.token_urlsafe(16)
+        self._entries: dict[str, _Entry] = {}
+        self._active: dict[str, int] = {}
+        self._ready: list[tuple[int, str, int, int]] = []
+        self._timed: list[tuple[int, str, int, int]] = []
+        self._expiry: list[tuple[int, str, int]] = []
+        self._serials = itertools.count(1)
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<MemoryStore tasks={len(self._entries)}>"
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        await trio.lowlevel.checkpoint()
+        self._closed = True
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def _enter(self) -> int:
+        """Checkpoint, then read the clock: everything after runs without yielding."""
+        await trio.lowlevel.checkpoint()
+        if self._closed:
+            raise trio.ClosedResourceError("the store is closed")
+        now = self._clock()
+        if not isinstance(now, int) or isinstance(now, bool):
+            raise TypeError("the store clock must return an int of microseconds")
+        return now
+
+    async def now(self) -> int:
+        return await self._enter()
+
+    # -- requests -----------------------------------------------------------------------------
+
+    async def authorize(self, ctx: object, action: Action, task_id: str) -> Access:
+        await self._enter()
+        action = Action(action)
+        if not isinstance(task_id, str) or not task_id:
+            raise ValueError("a non-empty task id is required")
+        scope = resolve_scope(self._scope, ctx)
+        return Access(store_id=self._id, action=action, task_id=task_id, scope=scope)
+
+    async def create(self, task: Task, work: Work, access: Access) -> Snapshot:
+        now = await self._enter()
+        if not isinstance(access, Access):
+            raise TypeError("create needs an Access from authorize()")
+        if (
+            access.store_id != self._id
+            or access.action is not Action.CREATE
+            or access.task_id != getattr(task, "id", None)
+        ):
+            raise UnauthorizedAction("create needs a create access for this task from this store")
+        try:
+            snapshot = _copy_snapshot(initial_snapshot(task, work))
+        except (CorruptRecord, TypeError, ValueError) as exc:
+            raise InvalidTask(str(exc)) from exc
+        if task.id in self._entries:
+            raise AlreadyExists(task.id)
+        if self._max_tasks is not None and len(self._entries) >= self._max_tasks:
+            raise CapacityExceeded("max_tasks")
+        active = self._active.get(access.scope, 0)
+        if self._max_active is not None and active >= self._max_active:
+            raise CapacityExceeded("max_active_tasks_per_scope")
+        entry = _Entry(serial=next(self._serials), snapshot=snapshot, scope=access.scope)
+        self._entries[task.id] = entry
+        self._active[access.scope] = active + 1
+        expires_at = snapshot.task.expires_at
+        if expires_at is not None:
+            heapq.heappush(self._expiry, (expires_at, task.id, entry.serial))
+        self._reschedule(entry, now)
+        return _copy_snapshot(snapshot)
+
+    async def get(self, task_id: str, access: Access) -> Snapshot | NotFound:
+        now = await self._enter()
+        entry = self._request_entry(task_id, access, now, _READ_ACTIONS)
+        return NOT_FOUND if entry is None else _copy_snapshot(entry.snapshot)
+
+    def _request_entry(
+        self, task_id: str, access: Access, now: int, allowed: frozenset[Action]
+    ) -> _Entry | None:
+        """Visibility first (``None``: absent, other store/scope, expired), then the action."""
+        if not isinstance(access, Access):
+            raise TypeError("request authority needs an Access from authorize()")
+        entry = self._entries.get(task_id)
+        if (
+            entry is None
+            or access.store_id != self._id
+            or access.scope != entry.scope
+            or entry.expired(now)
+        ):
+            return None
+        if access.task_id != task_id or access.action not in allowed:
+            raise UnauthorizedAction(f"a {access.action.value} access cannot do this")
+        return entry
+
+    # -- workers ------------------------------------------------------------------------------
+
+    def _check_lease(self, entry: _Entry, lease: Lease, now: int) -> None:
+        if not isinstance(lease, Lease) or entry.claim != lease or now >= lease.expires_at:
+            raise StaleLease("the lease is not the live claim of this task")
+
+    async def worker_snapshot(self, task_id: str, lease: Lease) -> Snapshot | NotFound:
+        now = await self._enter()
+        entry = self._entries.get(task_id)
+        if entry is None:
+            return NOT_FOUND
+        self._check_lease(entry, lease, now)
+        return _copy_snapshot(entry.snapshot)
+
+    def _eligibility(self, entry: _Entry, now: int) -> Deferred | Unavailable | None:
+        """Reference 3.6 order; ``None`` means claimable now."""
+        snapshot = entry.snapshot
+        if snapshot.task.status.is_terminal or snapshot.work is None:
+            return UNAVAILABLE
+        if snapshot.retry_at is not None and snapshot.retry_at > now:
+            return Deferred(-(-(snapshot.retry_at - now) // 1000))
+        if entry.claim is not None and now < entry.claim.expires_at:
+            return UNAVAILABLE
+        return None
+
+    def _grant(self, entry: _Entry, owner_id: str, lease_ms: int, now: int) -> Claimed:
+        entry.generation += 1
+        lease = Lease(
+            store_id=self._id,
+            task_id=entry.snapshot.task.id,
+            owner_id=owner_id,
+            token=secrets.token_urlsafe(32),
+            generation=entry.generation,
+            expires_at=now + lease_ms * 1000,
+        )
+        entry.claim = lease
+        self._reschedule(entry, now)
+        return Claimed(_copy_snapshot(entry.snapshot), lease)
+
+    async def claim(
+        self, task_id: str, owner_id: str, lease_ms: int
+    ) -> Claimed | Deferred | Unavailable | NotFound:
+        now = await self._enter()
+        owner_id, lease_ms = _owner(owner_id), _positive_ms(lease_ms, "lease_ms")
+        entry = self._entries.get(task_id)
+        if entry is None:
+            return NOT_FOUND
+        verdict = self._eligibility(entry, now)
+        return self._grant(entry, owner_id, lease_ms, now) if verdict is None else verdict
+
+    async def claim_next(self, owner_id: str, lease_ms: int) -> Claimed | None:
+        now = await self._enter()
+        owner_id, lease_ms = _owner(owner_id), _positive_ms(lease_ms, "lease_ms")
+        while self._timed and self._timed[0][0] <= now:
+            _, task_id, serial, sched = heapq.heappop(self._timed)
+            entry = self._live(task_id, serial, sched)
+            if entry is not None:
+                created_at = entry.snapshot.task.created_at
+                heapq.heappush(self._ready, (created_at, task_id, serial, sched))
+        while self._ready:
+            _, task_id, serial, sched = heapq.heappop(self._ready)
+            entry = self._live(task_id, serial, sched)
+            if entry is None:
+                continue
+            if self._eligibility(entry, now) is None:
+                return self._grant(entry, owner_id, lease_ms, now)
+            self._reschedule(entry, now)  # the clock went backwards: wait again
+        return None
+
+    async def renew(self, lease: Lease, lease_ms: int) -> Lease:
+        now = await self._enter()
+        lease_ms = _positive_ms(lease_ms, "lease_ms")
+        entry = self._lease_entry(lease)
+        self._check_lease(entry, lease, now)
+        # A fresh token too: the old value must go stale even if the expiry happens to repeat.
+        renewed = attrs.evolve(
+            lease, token=secrets.token_urlsafe(32), expires_at=now + lease_ms * 1000
+        )
+        entry.claim = renewed
+        self._reschedule(entry, now)
+        return renewed
+
+    async def release(self, lease: Lease) -> None:
+        now = await self._enter()
+        entry = self._lease_entry(lease)
+        if entry.claim != lease:
+            raise StaleLease("the lease does not match the task's claim")
+        entry.claim = None
+        self._reschedule(entry, now)
+
+    def _lease_entry(self, lease: Lease) -> _Entry:
+        if not isinstance(lease, Lease) or lease.store_id != self._id:
+            raise StaleLease("the lease is not from this store")
+        entry = self._entries.get(lease.task_id)
+        if entry is None:
+            raise StaleLease("the leased task no longer exists")
+        return entry
+
+    # -- transitions --------------------------------------------------------------------------
+
+    async def transition(
+        self, task_id: str, expected_revision: int, event: Event, authority: Authority
+    ) -> Transition | Conflict | NotFound:
+        now = await self._enter()
+        if not isinstance(expected_revision, int) or isinstance(expected_revision, bool):
+            raise TypeError("expected_revision must be an int")
+        if expected_revision < 0:
+            raise ValueError("expected_revision must be >= 0")
+        if not isinstance(event, Event):
+            raise TypeError("transition needs an Event")
+        entry = self._entries.get(task_id)
+        if entry is None:
+            return NOT_FOUND
+        if isinstance(authority, RequestAuthority):
+            allowed = frozenset(a for a, kinds in REQUEST_KINDS.items() if event.kind in kinds)
+            if self._request_entry(task_id, authority.access, now, allowed) is None:
+                return NOT_FOUND
+        elif isinstance(authority, WorkerAuthority):
+            self._check_lease(entry, authority.lease, now)
+            if event.kind not in WORKER_KINDS:
+                raise UnauthorizedAction(f"a worker lease cannot apply {event.kind.value}")
+        else:
+            raise TypeError("authority must be RequestAuthority or WorkerAuthority")
+
+        event_json = canonical_json(event.to_json())
+        seen = entry.seen.get(event.id)
+        if seen is not None:
+            if seen.event_json != event_json:
+                raise EventIdReused(event.id)
+            return Transition(
+                outcome="duplicate",
+                snapshot=_copy_snapshot(entry.snapshot),
+                effects=attrs.evolve(seen.effects),
+                event_revision=seen.event_revision,
+                committed_at=seen.committed_at,
+            )
+        if entry.snapshot.revision != expected_revision:
+            return Conflict(_copy_snapshot(entry.snapshot))
+
+        committed_at = max(now, entry.snapshot.task.last_updated_at + _COMMIT_STEP_US)
+        outcome = apply(entry.snapshot, event, committed_at)
+        if outcome.kind == "unchanged":
+            return Transition(
+                outcome="unchanged",
+                snapshot=_copy_snapshot(entry.snapshot),
+                effects=attrs.evolve(outcome.effects),
+                event_revision=entry.snapshot.revision,
+                committed_at=committed_at,
+            )
+        was_active = entry.active
+        entry.snapshot = outcome.snapshot
+        revision = outcome.snapshot.revision
+        entry.history.append((attrs.evolve(event), revision, committed_at))
+        entry.seen[event.id] = _Seen(event_json, revision, committed_at, outcome.effects)
+        if was_active and not entry.active:
+            self._deactivate(entry.scope)
+        self._reschedule(entry, now)
+        return Transition(
+            outcome="applied",
+            snapshot=_copy_snapshot(outcome.snapshot),
+            effects=attrs.evolve(outcome.effects),
+            event_revision=revision,
+            committed_at=committed_at,
+        )
+
+    # -- expiry -------------------------------------------------------------------------------
+
+    async def reap(self) -> list[str]:
+        now = await self._enter()
+        reaped: list[str] = []
+        while self._expiry and self._expiry[0][0] <= now:
+            _, task_id, serial = heapq.heappop(self._expiry)
+            entry = self._entries.get(task_id)
+            if entry is None or entry.serial != serial:
+                continue
+            del self._entries[task_id]
+            if entry.active:
+                self._deactivate(entry.scope)
+            reaped.append(task_id)
+        return sorted(reaped)
+
+    # -- audit --------------------------------------------------------------------------------
+
+    def history(self, task_id: str) -> list[tuple[Event, int, int]]:
+        """The applied events of a live task as ``(event, revision, committed_at)``, in order.
+
+        Unknown and reaped tasks have no history (reaping deletes the whole aggregate).
+        """
+        entry = self._entries.get(task_id)
+        if entry is None:
+            return []
+        return [(attrs.evolve(event), rev, at) for event, rev, at in entry.history]
+
+    # -- scheduling ---------------------------------------------------------------------------
+
+    def _deactivate(self, scope: str) -> None:
+        remaining = self._active[scope] - 1
+        if remaining:
+            self._active[scope] = remaining
+        else:
+            del self._active[scope]
+
+    def _live(self, task_id: str, serial: int, sched: int) -> _Entry | None:
+        entry = self._entries.get(task_id)
+        if entry is None or entry.serial != serial or entry.sched != sched:
+            return None
+        return entry
+
+    def _reschedule(self, entry: _Entry, now: int) -> None:
+        """Record where the task waits for ``claim_next``; older heap items become stale."""
+        entry.sched += 1
+        snapshot = entry.snapshot
+        if snapshot.task.status.is_terminal or snapshot.work is None:
+            return
+        wake = max(snapshot.retry_at or 0, 0 if entry.claim is None else entry.claim.expires_at)
+        item = (snapshot.task.id, entry.serial, entry.sched)
+        if wake > now:
+            heapq.heappush(self._timed, (wake, *item))
+        else:
+            heapq.heappush(self._ready, (snapshot.task.created_at, *item))
+        if len(self._ready) + len(self._timed) > 2 * len(self._entries) + 64:
+            self._compact()
+
+    def _compact(self) -> None:
+        self._ready = [i for i in self._ready if self._live(*i[1:]) is not None]
+        self._timed = [i for i in self._timed if self._live(*i[1:]) is not None]
+        heapq.heapify(self._ready)
+        heapq.heapify(self._timed)
+
+
+def open_memory_store(url: str, **options: Any) -> MemoryStore:
+    """The ``tritask.stores`` factory for the URL ``memory:``.
+
+    Unlike the ``MemoryStore`` constructor, the URL form defaults ``scope`` to ``"shared"`` (one
+    process, one principal: the ``tritask serve`` default); pass ``scope=`` to isolate tenants.
+    """
+    if url != "memory:":
+        raise ValueError(f"the memory store only opens the URL 'memory:', not {url!r}")
+    options.setdefault("scope", "shared")
+    return MemoryStore(**options)

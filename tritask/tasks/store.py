@@ -1,0 +1,355 @@
+"""The Store contract: the protocol every task store implements, its value types and errors.
+
+The store is the authority: revisioned compare-and-set, event-id idempotency, claims with
+fenced leases, ``retry_at``, TTL and input acceptance are all decided by the store on the store's
+clock. Runners and the extension only ask.
+
+Authority rules (reference 3.3):
+
+* a :class:`RequestAuthority` with an ``update`` access may apply only
+  ``input_responses_accepted``; a ``cancel`` access only ``cancelled``; anything else raises
+  :class:`UnauthorizedAction`. A request transition from another scope or store, or on an expired
+  task, gives :data:`NOT_FOUND`;
+* a :class:`WorkerAuthority` may apply only ``input_requested``, ``retry_requested``, ``completed``
+  and ``failed`` (otherwise :class:`UnauthorizedAction`); a forged, expired, other-task or
+  other-store lease raises :class:`StaleLease`. Claims span scopes: worker authority belongs to
+  the application, not to a principal.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, Final, Literal, Protocol, Self, final, runtime_checkable
+
+import attrs
+
+from tritask.tasks.events import Effects, Event, EventKind
+from tritask.tasks.model import Snapshot, Task
+from tritask.tasks.reducer import DuplicateInputKey
+from tritask.tasks.work import InvalidJSON, Work, canonical_json
+
+__all__ = [
+    "NOT_FOUND",
+    "REQUEST_KINDS",
+    "UNAVAILABLE",
+    "WORKER_KINDS",
+    "Access",
+    "Action",
+    "AlreadyExists",
+    "Authority",
+    "CapacityExceeded",
+    "Claimed",
+    "Conflict",
+    "CorruptStore",
+    "DatabaseBusy",
+    "Deferred",
+    "DuplicateInputKey",
+    "EventIdReused",
+    "InvalidRetryAvailability",
+    "InvalidScope",
+    "InvalidTask",
+    "Lease",
+    "NotFound",
+    "RequestAuthority",
+    "Scope",
+    "StaleLease",
+    "Store",
+    "StoreError",
+    "Transition",
+    "Unauthorized",
+    "UnauthorizedAction",
+    "Unavailable",
+    "WorkerAuthority",
+    "require_scope",
+    "resolve_scope",
+]
+
+
+class Action(enum.StrEnum):
+    CREATE = "create"
+    GET = "get"
+    UPDATE = "update"
+    CANCEL = "cancel"
+
+
+Scope = Literal["shared"] | Callable[[Any], object]
+"""``"shared"`` (one scope for everyone: task ids become bearer credentials) or a function of the
+request context returning a JSON value that identifies the principal/tenant."""
+
+SHARED_SCOPE_KEY: Final = "null"
+"""The canonical scope key every access carries under ``scope="shared"``."""
+
+REQUEST_KINDS: Final = {
+    Action.UPDATE: frozenset({EventKind.INPUT_RESPONSES_ACCEPTED}),
+    Action.CANCEL: frozenset({EventKind.CANCELLED}),
+}
+WORKER_KINDS: Final = frozenset(
+    {
+        EventKind.INPUT_REQUESTED,
+        EventKind.RETRY_REQUESTED,
+        EventKind.COMPLETED,
+        EventKind.FAILED,
+    }
+)
+
+
+# -- errors -------------------------------------------------------------------------------------
+
+
+class StoreError(Exception):
+    """Base of the store contract's error reasons (``DuplicateInputKey`` comes from the reducer)."""
+
+
+class Unauthorized(StoreError):
+    """``authorize`` refused the request context (a scope function may raise it)."""
+
+
+class UnauthorizedAction(StoreError):
+    """The access or lease does not permit this operation or event kind."""
+
+
+class AlreadyExists(StoreError):
+    """A task with this id exists (expired tasks count until reaped)."""
+
+
+class CapacityExceeded(StoreError):
+    def __init__(self, limit: Literal["max_tasks", "max_active_tasks_per_scope"]) -> None:
+        super().__init__(f"task capacity exceeded: {limit}")
+        self.limit: Literal["max_tasks", "max_active_tasks_per_scope"] = limit
+
+
+class StaleLease(StoreError):
+    """The lease is forged, expired, superseded, or for another task or store."""
+
+
+class EventIdReused(StoreError):
+    """An event id already committed for this task was sent with a different event."""
+
+
+class InvalidScope(StoreError):
+    """The scope function returned a value that is not JSON."""
+
+
+class InvalidTask(StoreError):
+    """``create`` was given a task/work pair that is not a valid revision-0 record."""
+
+
+class InvalidRetryAvailability(StoreError):
+    """A persisted retry time could not be interpreted (SQL stores)."""
+
+
+class CorruptStore(StoreError):
+    """Persisted data failed decoding or validation; nothing is repaired."""
+
+    def __init__(self, task_id: str, reason: str) -> None:
+        super().__init__(f"corrupt record for task {task_id!r}: {reason}")
+        self.task_id = task_id
+        self.reason = reason
+
+
+class DatabaseBusy(StoreError):
+    """The database could not take the write slot in time (SQLite); safe to retry."""
+
+
+# -- values -------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Access:
+    """Opaque proof that ``authorize`` let one context do one action on one task id.
+
+    Only stores create and read it; ``scope`` is the canonical JSON text of the scope value.
+    """
+
+    store_id: str
+    action: Action
+    task_id: str
+    scope: str = attrs.field(repr=False)
+
+
+@attrs.frozen(kw_only=True)
+class Lease:
+    """A fenced claim. Every field is part of its identity: renewal yields a new lease and a new
+    claim a higher generation, so any older value is refused as stale."""
+
+    store_id: str
+    task_id: str
+    owner_id: str
+    token: str = attrs.field(repr=False)
+    generation: int
+    expires_at: int
+    epoch: int = 0
+
+
+@attrs.frozen
+class RequestAuthority:
+    access: Access
+
+
+@attrs.frozen
+class WorkerAuthority:
+    lease: Lease
+
+
+Authority = RequestAuthority | WorkerAuthority
+
+
+@attrs.frozen(kw_only=True)
+class Transition:
+    """The result of a committed (or replayed, or no-op) event.
+
+    ``event_revision`` is the revision the event produced (the current one when unchanged);
+    for ``duplicate`` it, ``committed_at`` and ``effects`` are the original commit's.
+    """
+
+    outcome: Literal["applied", "unchanged", "duplicate"]
+    snapshot: Snapshot
+    effects: Effects
+    event_revision: int
+    committed_at: int
+
+
+@attrs.frozen
+class Conflict:
+    """The expected revision was stale; ``snapshot`` is the current record."""
+
+    snapshot: Snapshot
+
+
+@attrs.frozen
+class Claimed:
+    snapshot: Snapshot
+    lease: Lease
+
+
+@attrs.frozen
+class Deferred:
+    """A retry is scheduled: claimable in ``remaining_ms`` (> 0, rounded up)."""
+
+    remaining_ms: int
+
+
+@final
+class NotFound(enum.Enum):
+    """Unknown, other-scope, other-store and expired tasks are indistinguishable."""
+
+    NOT_FOUND = "not_found"
+
+    def __repr__(self) -> str:
+        return "NOT_FOUND"
+
+
+@final
+class Unavailable(enum.Enum):
+    """Terminal, without work, or claimed by a live lease."""
+
+    UNAVAILABLE = "unavailable"
+
+    def __repr__(self) -> str:
+        return "UNAVAILABLE"
+
+
+NOT_FOUND: Final = NotFound.NOT_FOUND
+UNAVAILABLE: Final = Unavailable.UNAVAILABLE
+
+
+# -- scope helpers ------------------------------------------------------------------------------
+
+
+def require_scope(scope: object, *, store: str) -> Scope:
+    """Validate a store's ``scope=`` option, refusing a missing one with a clear message."""
+    if scope is None:
+        raise TypeError(
+            f"{store} requires scope=: a function (ctx) -> JSON value naming the principal or "
+            "tenant that may see a task, or 'shared' to let every caller see every task (task "
+            "ids then act as bearer credentials)"
+        )
+    if scope == "shared" or callable(scope):
+        return scope
+    raise TypeError(f"{store} scope must be 'shared' or a callable, not {scope!r}")
+
+
+def resolve_scope(scope: Scope, ctx: object) -> str:
+    """The canonical scope key for ``ctx`` (JSON text, so ``1`` and ``true`` never collide).
+
+    :class:`Unauthorized` raised by the scope function propagates; a non-JSON value raises
+    :class:`InvalidScope`.
+    """
+    if scope == "shared":
+        return SHARED_SCOPE_KEY
+    assert callable(scope)
+    value = scope(ctx)
+    try:
+        return canonical_json(value)
+    except InvalidJSON as exc:
+        raise InvalidScope(f"the scope function returned a non-JSON value: {exc}") from None
+
+
+# -- the protocol -------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class Store(Protocol):
+    """The contract every task store implements. All operations are atomic on the store."""
+
+    async def now(self) -> int:
+        """The store's clock (µs). Leases, ``retry_at`` and TTLs are decided against it."""
+        ...
+
+    async def authorize(self, ctx: object, action: Action, task_id: str) -> Access:
+        """The only place a request context crosses into the store: derive its scope."""
+        ...
+
+    async def create(self, task: Task, work: Work, access: Access) -> Snapshot:
+        """Persist a task and its work at revision 0, checking limits in the same step."""
+        ...
+
+    async def get(self, task_id: str, access: Access) -> Snapshot | NotFound:
+        """Read through a get/update/cancel access; other scope or expired gives ``NOT_FOUND``."""
+        ...
+
+    async def worker_snapshot(self, task_id: str, lease: Lease) -> Snapshot | NotFound:
+        """Read through an exact, live lease (raises :class:`StaleLease`)."""
+        ...
+
+    async def claim(
+        self, task_id: str, owner_id: str, lease_ms: int
+    ) -> Claimed | Deferred | Unavailable | NotFound:
+        """Claim one task: terminal/no work/live claim → ``UNAVAILABLE``; retry pending →
+        ``Deferred``; else a new lease at the next generation."""
+        ...
+
+    async def claim_next(self, owner_id: str, lease_ms: int) -> Claimed | None:
+        """Claim the first claimable task by ``(created_at, task_id)``; ``None`` when none is."""
+        ...
+
+    async def renew(self, lease: Lease, lease_ms: int) -> Lease:
+        """Extend a live claim to ``now + lease_ms``; the old lease value becomes stale."""
+        ...
+
+    async def release(self, lease: Lease) -> None:
+        """Clear a matching (possibly expired) claim so the task is claimable at once."""
+        ...
+
+    async def reap(self) -> list[str]:
+        """Delete whole expired aggregates (including active ones); return their ids."""
+        ...
+
+    async def transition(
+        self, task_id: str, expected_revision: int, event: Event, authority: Authority
+    ) -> Transition | Conflict | NotFound:
+        """Compare-and-set application of ``event`` (reference 3.4)."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...

@@ -1,0 +1,937 @@
+"""The reusable Store contract suite: every store, built-in or third-party, must pass it.
+
+A store runs it by subclassing :class:`StoreContract` in its own test module (pytest with
+pytest-trio in trio mode; the class name must start with ``Test`` so pytest collects it)::
+
+    # tests/test_my_store_contract.py
+    from tritask.testing.store_contract import ManualClock, StoreContract
+    from my_store import DatabaseBusy, MyStore
+
+    class TestMyStoreContract(StoreContract):
+        async def make_store(self, *, scope, clock, max_tasks, max_active_tasks_per_scope):
+            # Return a fresh, EMPTY store (new database/schema, or truncated tables).
+            return MyStore(dsn=..., scope=scope, clock=clock, max_tasks=max_tasks,
+                           max_active_tasks_per_scope=max_active_tasks_per_scope)
+
+        # Only if the store does not read time from ``clock`` (e.g. the database's clock):
+        async def advance(self, ms: int) -> None:
+            await move_the_database_clock(ms)
+
+        # Optional: errors worth one retry in the concurrent-creation race.
+        def retryable(self, exc: BaseException) -> bool:
+            return isinstance(exc, DatabaseBusy)
+
+Assumptions the suite makes about the store under test:
+
+* its clock stands still between :meth:`StoreContract.advance` calls, and ``advance(ms)`` moves
+  it by exactly ``ms`` milliseconds (the default moves the injected :class:`ManualClock`, which
+  starts at 2026-08-24T10:00:00.000Z and reads whole milliseconds);
+* it supports ``async with`` (the suite closes every store it makes);
+* several stores made in one test are distinct stores: accesses and leases of one are refused
+  by the other.
+
+Each test states one clause of the contract (reference 3.2-3.10) with exact values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import attrs
+import pytest
+import trio
+
+from tritask.tasks.events import Effects, Event, RetryEffect
+from tritask.tasks.model import Snapshot, TaskStatus, new_task
+from tritask.tasks.store import (
+    NOT_FOUND,
+    UNAVAILABLE,
+    Action,
+    AlreadyExists,
+    CapacityExceeded,
+    Claimed,
+    Conflict,
+    Deferred,
+    DuplicateInputKey,
+    EventIdReused,
+    InvalidScope,
+    InvalidTask,
+    Lease,
+    RequestAuthority,
+    Scope,
+    StaleLease,
+    Store,
+    Transition,
+    Unauthorized,
+    UnauthorizedAction,
+    WorkerAuthority,
+)
+from tritask.tasks.work import RetryPolicy, Work
+
+__all__ = ["START", "ManualClock", "StoreContract", "by_tenant", "tenant"]
+
+START = 1_787_565_600_000_000
+"""2026-08-24T10:00:00.000Z in µs: where every contract store's clock starts."""
+
+LEASE_MS = 30_000
+ERROR = {"code": -32000, "message": "transient"}
+ASK = {"method": "elicitation/create", "params": {"message": "Confirm delete"}}
+
+
+class ManualClock:
+    """A store clock that moves only when told to (µs readings)."""
+
+    def __init__(self, start_us: int = START) -> None:
+        self._now = start_us
+
+    def __call__(self) -> int:
+        return self._now
+
+    def advance(self, ms: int) -> None:
+        if ms < 0:
+            raise ValueError("time only moves forward")
+        self._now += ms * 1000
+
+
+def tenant(name: str) -> dict[str, str]:
+    """A request context for the suite's scope function."""
+    return {"tenant": name}
+
+
+def by_tenant(ctx: Any) -> object:
+    """The suite's scope function: the tenant named by the context."""
+    if not isinstance(ctx, dict) or "tenant" not in ctx:
+        raise Unauthorized("no tenant")
+    return ctx["tenant"]
+
+
+A, B, C = tenant("tenant-a"), tenant("tenant-b"), tenant("tenant-c")
+
+
+class StoreContract:
+    """Subclass it and implement :meth:`make_store`; see the module docstring."""
+
+    # -- hooks for the store under test ------------------------------------------------------------
+
+    async def make_store(
+        self,
+        *,
+        scope: Scope,
+        clock: ManualClock,
+        max_tasks: int | None,
+        max_active_tasks_per_scope: int | None,
+    ) -> Store:
+        raise NotImplementedError("subclasses return a fresh, empty store")
+
+    async def advance(self, ms: int) -> None:
+        """Move the store's clock forward by exactly ``ms`` milliseconds."""
+        self.clock.advance(ms)
+
+    def retryable(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is a transient store error worth one retry (e.g. ``DatabaseBusy``)."""
+        return False
+
+    # -- helpers -----------------------------------------------------------------------------------
+
+    @property
+    def clock(self) -> ManualClock:
+        clock: ManualClock | None = self.__dict__.get("_contract_clock")
+        if clock is None:
+            clock = self.__dict__["_contract_clock"] = ManualClock()
+        return clock
+
+    @contextlib.asynccontextmanager
+    async def store(
+        self,
+        *,
+        scope: Scope = by_tenant,
+        max_tasks: int | None = None,
+        max_active_tasks_per_scope: int | None = None,
+    ) -> AsyncIterator[Store]:
+        store = await self.make_store(
+            scope=scope,
+            clock=self.clock,
+            max_tasks=max_tasks,
+            max_active_tasks_per_scope=max_active_tasks_per_scope,
+        )
+        async with store:
+            yield store
+
+    @staticmethod
+    async def create(
+        store: Store,
+        task_id: str,
+        ctx: object = A,
+        *,
+        ttl_ms: int | None = 60_000,
+        policy: RetryPolicy | None = None,
+    ) -> Snapshot:
+        access = await store.authorize(ctx, Action.CREATE, task_id)
+        task = new_task(task_id, await store.now(), ttl_ms, 5)
+        work = Work(
+            idempotency_key=task_id,
+            type="contract",
+            input={"taskId": task_id},
+            retry_policy=policy or RetryPolicy.none(),
+        )
+        return await store.create(task, work, access)
+
+    @staticmethod
+    async def request(store: Store, ctx: object, action: Action, task_id: str) -> RequestAuthority:
+        return RequestAuthority(await store.authorize(ctx, action, task_id))
+
+    @staticmethod
+    async def claimed(store: Store, task_id: str, owner: str = "owner-1") -> Lease:
+        result = await store.claim(task_id, owner, LEASE_MS)
+        assert isinstance(result, Claimed), result
+        return result.lease
+
+    @staticmethod
+    async def applied(
+        store: Store,
+        task_id: str,
+        revision: int,
+        event: Event,
+        authority: RequestAuthority | WorkerAuthority,
+    ) -> Transition:
+        result = await store.transition(task_id, revision, event, authority)
+        assert isinstance(result, Transition), result
+        assert result.outcome == "applied", result
+        return result
+
+    # -- create, get, revision guard (3.10 #1) -----------------------------------------------------
+
+    async def test_create_get_and_claim(self) -> None:
+        async with self.store() as store:
+            created = await self.create(store, "task-1")
+            assert created.revision == 0
+            assert created.task.status is TaskStatus.WORKING
+            assert created.task.status_message == "Task accepted"
+            assert (created.task.created_at, created.task.last_updated_at) == (START, START)
+            assert created.work is not None
+            assert created.work.idempotency_key == "task-1"
+            assert created.work.input == {"taskId": "task-1"}
+            access = await store.authorize(A, Action.GET, "task-1")
+            assert await store.get("task-1", access) == created
+            claim = await store.claim("task-1", "owner-1", LEASE_MS)
+            assert isinstance(claim, Claimed)
+            assert claim.snapshot == created
+
+    async def test_revision_guard_and_replay(self) -> None:
+        async with self.store() as store:
+            await self.create(store, "task-1")
+            lease = await self.claimed(store, "task-1")
+            worker = WorkerAuthority(lease)
+            done = Event.completed({"content": [], "isError": False}, id="done-1")
+            first = await self.applied(store, "task-1", 0, done, worker)
+            assert (first.event_revision, first.snapshot.revision) == (1, 1)
+            assert first.committed_at > START
+            loser = await store.transition("task-1", 0, Event.failed(ERROR, "x"), worker)
+            assert loser == Conflict(first.snapshot)
+            replay = await store.transition("task-1", 0, done, worker)
+            assert replay == attrs.evolve(first, outcome="duplicate")
+            get = await store.authorize(A, Action.GET, "task-1")
+            assert await store.get("task-1", get) == first.snapshot
+
+    async def test_replay_returns_original_commit_even_when_stale(self) -> None:
+        async with self.store() as store:
+            await self.create(store, "task-1", policy=RetryPolicy([5000]))
+            lease = await self.claimed(store, "task-1")
+            retry = Event.retry_requested(ERROR, "retrying", id="retry-1")
+            original = await self.applied(store, "task-1", 0, retry, WorkerAuthority(lease))
+            await self.advance(1000)
+            cancel = await self.request(store, A, Action.CANCEL, "task-1")
+            cancelled = await self.applied(store, "task-1", 1, Event.cancelled(), cancel)
+            await self.advance(1000)
+            replay = await store.transition("task-1", 0, retry, WorkerAuthority(lease))
+            assert replay == Transition(
+                outcome="duplicate",
+                snapshot=cancelled.snapshot,
+                effects=original.effects,
+                event_revision=1,
+                committed_at=original.committed_at,
+            )
+            assert original.effects.retry == RetryEffect(
+                disposition="scheduled",
+                retry_at=original.committed_at + 5_000_000,
+                delay_ms=5000,
+                retry_count=1,
+            )
+
+    async def test_event_id_reused_for_another_event(self) -> None:
+        async with self.store() as store:
+            await self.create(store, "task-1")
+            lease = await self.claimed(store, "task-1")
+            worker = WorkerAuthority(lease)
+            first = await self.applied(
+                store, "task-1", 0, Event.input_requested("a", ASK, id="ev"), worker
+            )
+            with pytest.raises(EventIdReused):
+                await store.transition("task-1", 1, Event.completed({}, id="ev"), worker)
+            assert await store.worker_snapshot("task-1", lease) == first.snapshot
+
+    async def test_conflict_records_no_losing_event(self) -> None:
+        async with self.store() as store:
+            await self.create(store, "task-1")
+            worker = WorkerAuthority(await self.claimed(store, "task-1"))
+            await self.applied(store, "task-1", 0, Event.input_requested("a", ASK), worker)
+            late = Event.input_requested("b", {"method": "x"}, id="late")
+            conflict = await store.transition("task-1", 0, late, worker)
+            assert isinstance(conflict, Conflict)
+            assert conflict.snapshot.revision == 1
+            assert conflict.snapshot.task.used_input_keys == {"a"}
+            again = await self.applied(store, "task-1", 1, late, worker)
+            assert again.event_revision == 2
+
+    async def test_concurrent_writers_commit_exactly_one(self) -> None:
+        async with self.store() as store:
+            await self.create(store, "task-1")
+            worker = WorkerAuthority(await self.claimed(store, "task-1"))
+            cancel = await self.request(store, A, Action.CANCEL, "task-1")
+            results: list[object] = []
+
+            async def write(event: Event, authority: RequestAuthority | WorkerAuthority) -> None:
+                results.append(await store.transition("task-1", 0, event, authority))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(write, Event.completed({"v": 1}), worker)
+                nursery.start_soon(write, Event.cancelled(), cancel)
+            outcomes = sorted(type(r).__name__ for r in results)
+            assert outcomes == ["Conflict", "Transition"]
+            winner = next(r for r in results if isinstance(r, Transition))
+            assert winner.snapshot.revision == 1
+            get = await store.authorize(A, Action.GET, "task-1")
+            assert await store.get("task-1", get) == winner.snapshot
+
+    async def test_unchanged_transitions_bump_nothing(self) -> None:
+        async with self.store() as store:
+            await self.create(store, "task-1")
+            worker = WorkerAuthority(await self.claimed(store, "task-1"))
+            done = await self.applied(store, "task-1", 0, Event.completed({"v": 1}), worker)
+            await self.advance(1000)
+            cancel = await self.request(store, A, Action.CANCEL, "task-1")
+            late = Event.cancelled(id="late-cancel")
+            for _ in range(2):  # not recorded: the same id is evaluated again, not replayed
+                result = await store.transition("task-1", 1, late, cancel)
+                assert isinstance(result, Transition)
+                assert (result.outcome, result.event_revision) == ("unchanged", 1)
+                assert result.snapshot == done.snapshot
+                assert result.effects == Effects.none()
+            update = await self.request(store, A, Action.UPDATE, "task-1")
+            answer = await store.transition(
+                "task-1", 1, Event.input_responses_accepted({"x": {}}), update
+            )
+            assert isinstance(answer, Transition)
+            assert answer.outcome == "unchanged"
+            assert answer.effects == Effects(accepted_input_responses={})
+            get = await store.authorize(A, Action.GET, "task-1")
+            assert await store.get("task-1", get) == done.snapshot
+
+    async def test_commit_times_strictly_increase(self) -> None:
+        async with self.store() as store:
+            await self.create(store, "task-1")
+            worker = WorkerAuthority(await self.claimed(store, "task-1"))
+            times = [START]
+            events = [Event.input_requested("a", ASK), Event.input_requested("b", ASK)]
+            for revision, event in enumerate(events):
+                result = await self.applied(store, "task-1", revision, event, worker)
+                assert result.committed_at > times[-1]
+                assert result.snapshot.task.last_updated_at == result.committed_at
+                times.append(result.committed_at)
+            await self.advance(5000)
+            now = await store.now()
+            assert now == START + 5_000_000
+            update = await self.request(store, A, Action.UPDATE, "task-1")
+            answered = await self.applied(
+                store, "task-1", 2, Event.input_responses_accepted({"a": {}}), update
+            )
+            assert answered.committed_at == now
+
+    # -- create rules ------------------------------------------------------------------------------
+
+    async def test_create_refusals(self) -> None:
+        async with self.store() as store, self.store() as other:
+            await self.create(store, "task-1")
+            with pytest.raises(AlreadyExists):
+                await self.create(store, "task-1")
+            task = new_task("task-2", await store.now(), 1000, None)
+            work = Work.tool_call("task-2", "tool", {})
+            for access in (
+                await store.authorize(A, Action.GET, "task-2"),
+                await store.authorize(A, Action.CREATE, "task-3"),
+                await other.authorize(A, Action.CREATE, "task-2"),
+            ):
+                with pytest.raises(UnauthorizedAction):
+                    await store.create(task, work, access)
+            create = await store.authorize(A, Action.CREATE, "task-2")
+            with pytest.raises(InvalidTask):
+                await store.create(task, Work.tool_call("other-id", "tool", {}), create)
+            with pytest.raises(InvalidTask):
+                await store.create(attrs.evolve(task, status=TaskStatus.CANCELLED), work, create)
+            assert await store.get("task-2", await store.authorize(A, Action.GET, "task-2")) is (
+                NOT_FOUND
+            )
+            assert (await store.create(task, work, create)).task == task
+
+    # -- claims and fencing (3.10 #2, 3.6) ---------------------------------------------------------
+
+    async def test_claim_fencing(self) -> None:
+        async with self.store() as store:
+            await self.create(store, "task-1")
+            first = await store.claim("task-1", "owner-1", LEASE_MS)
+            assert isinstance(first, Claimed)
+            old = first.lease
+            assert (old.task_id, old.owner_id, old.generation) == ("task-1", "owner-1", 1)
+            assert old.expires_at == START + LEASE_MS * 1000
+            assert await store.claim("task-1", "owner-2", LEASE_MS) is UNAVAILABLE
+            assert await store.claim("task-1", "owner-1", LEASE_MS) is UNAVAILABLE
+            await store.release(old)
+            second = await store.claim_next("owner-2", LEASE_MS)
+            assert second is not None
+            new = second.lease
+            assert (new.task_id, new.owner_id, new.generation) == ("task-1", "owner-2", 2)
+            assert new.token != old.token
+            with pytest.raises(StaleLease):
+                await store.worker_snapshot("task-1", old)
+            with pytest.raises(StaleLease):
+                await store.renew(old, LEASE_MS)
+            with pytest.raises(StaleLease):
+                await store.transition("task-1", 0, Event.completed({}), WorkerAuthority(old))
+            with pytest.raises(StaleLease):
+                await store.release(old)
+            assert await store.claim_next("owner-3", LEASE_MS) is None
+            done = await self.applied(
+                store, "task-1", 0, Event.completed({"ok": True}), WorkerAuthority(new)
+            )
+            assert done.snapshot.task.status is TaskStatus.COMPLETED
+            await store.release(new)
+            assert await store.claim("task-1", "owner-1", LEASE_MS) is UNAVAILABLE
+            assert await store.claim_next("owner-1", LEASE_MS) is None
+
+    async def test_generation_rises_on_every_claim(self) -> None:
+        async with self.store() as store:
+            await self.create(store, "task-1")
+            generations = []
+            for _ in range(3):
+                lease = await self.claimed(store, "task-1")
+                generations.append(lease.generation)
+                await store.release(lease)
+            assert generations == [1, 2, 3]
+
+    async def test_renew_makes_previous_lease_stale(self) -> None:
+        async with self.store() as store:
+            await self.create(store, "task-1")
+            old = await self.claimed(store, "task-1")
+            await self.advance(10_000)
+            new = await store.renew(old, LEASE_MS)
+            assert (new.task_id, new.owner_id, new.generation) == (
+                old.task_id,
+                old.owner_id,
+                old.generation,
+            )
+            assert new.expires_at == START + 10_000_000 + LEASE_MS * 1000
+            assert new != old
+            with pytest.raises(StaleLease):
+                await store.worker_snapshot("task-1", old)
+            with pytest.raises(StaleLease):
+                await store.renew(old, LEASE_MS)
+            same_instant = await store.renew(new, LEASE_MS)  # no time passed: still a new value
+            assert same_instant != new
+            with pytest.raises(StaleLease):
+                await store.worker_snapshot("task-1", new)
+            snapshot = await store.worker_snapshot("task-1", same_instant)
+            assert isinstance(snapshot, Snapshot)
+            assert snapshot.revision == 0
+            await self.advance(LEASE_MS - 1)
+            assert await store.claim("task-1", "owner-2", LEASE_MS) is UNAVAILABLE
+
+    async def test_expired_lease_is_reclaimable(self) -> None:
+        async with self.store() as store:
+            await self.create(store, "task-1")
+            result = await store.claim("task-1", "owner-1", 1000)
+            assert isinstance(result, Claimed)
+            lease = result.lease
+            await self.advance(999)
+            assert await store.claim("task-1", "owner-2", 1000) is UNAVAILABLE
+            assert await store.claim_next("owner-2", 1000) is None
+            assert isinstance(await store.worker_snapshot("task-1", lease), Snapshot)
+            await self.advance(1)
+            with pytest.raises(StaleLease):
+                await store.worker_snapshot("task-1", lease)
+            with pytest.raises(StaleLease):
+                await store.renew(lease, 1000)
+            with pytest.raises(StaleLease):
+                await store.transition("task-1", 0, Event.completed({}), WorkerAuthority(lease))
+            again = await store.claim_next("owner-2", 1000)
+            assert again is not None
+            assert (again.lease.generation, again.lease.owner_id) == (2, "owner-2")
+            with pytest.raises(StaleLease):
+                await store.release(lease)
+
+    async def test_release_needs_matching_not_live_lease(self) -> None:
+        async with self.store() as store:
+            await self.create(store, "task-1")
+            lease = await self.claimed(store, "task-1")
+            with pytest.raises(StaleLease):
+                await store.release(attrs.evolve(lease, token=lease.token + "x"))
+            await self.advance(LEASE_MS * 2)
+            await store.release(lease)
+            with pytest.raises(StaleLease):
+                await store.release(lease)
+            again = await store.claim_next("owner-2", LEASE_MS)
+            assert again is not None
+            assert again.lease.generation == 2
+
+    async def test_lease_forgery_is_stale(self) -> None:
+        async with self.store() as store, self.store() as other:
+            await self.create(store, "task-1")
+            await self.create(store, "task-2")
+            await self.create(other, "task-1")
+            lease = await self.claimed(store, "task-1")
+            other_lease = await self.claimed(other, "task-1")
+            forged = [
+                attrs.evolve(lease, token="forged"),
+                attrs.evolve(lease, owner_id="someone-else"),
+                attrs.evolve(lease, generation=lease.generation + 1),
+                attrs.evolve(lease, expires_at=lease.expires_at + 1000),
+                attrs.evolve(lease, epoch=lease.epoch + 1),
+                attrs.evolve(lease, store_id=other_lease.store_id),
+                other_lease,
+            ]
+            for bad in forged:
+                with pytest.raises(StaleLease):
+                    await store.worker_snapshot("task-1", bad)
+                with pytest.raises(StaleLease):
+                    await store.transition("task-1", 0, Event.completed({}), WorkerAuthority(bad))
+                with pytest.raises(StaleLease):
+                    await store.renew(bad, LEASE_MS)
+                with pytest.raises(StaleLease):
+                    await store.release(bad)
+            with pytest.raises(StaleLease):
+                await store.worker_snapshot("task-2", lease)
+            with pytest.raises(StaleLease):
+                await store.transition("task-2", 0, Event.completed({}), WorkerAuthority(lease))
+            snapshot = await store.worker_snapshot("task-1", lease)
+            assert isinstance(snapshot, Snapshot)
+            assert snapshot.revision == 0
+
+    async def test_worker_authority_event_kinds(self) -> None:
+        async with self.store() as store:
+            await self.create(store, "task-1")
+            lease = await self.claimed(store, "task-1")
+            for event in (Event.cancelled(), Event.input_responses_accepted({"a": {}})):
+                with pytest.raises(UnauthorizedAction):
+                    await store.transition("task-1", 0, event, WorkerAuthority(lease))
+            snapshot = await store.worker_snapshot("task-1", lease)
+            assert isinstance(snapshot, Snapshot)
+            assert snapshot.revision == 0
+
+    async def test_request_authority_event_kinds(self) -> None:
+        async with self.store() as store:
+            await self.create(store, "task-1")
+            await self.create(store, "task-2")
+            refused = [
+                (Action.GET, "task-1", Event.cancelled()),
+                (Action.UPDATE, "task-1", Event.cancelled()),
+                (Action.CANCEL, "task-1", Event.input_responses_accepted({"a": {}})),
+                (Action.CANCEL, "task-1", Event.completed({})),
+                (Action.UPDATE, "task-1", Event.input_requested("a", ASK)),
+                (Action.CREATE, "task-1", Event.cancelled()),
+                (Action.CANCEL, "task-2", Event.cancelled()),  # bound to another task id
+            ]
+            for action, bound_to, event in refused:
+                authority = await self.request(store, A, action, bound_to)
+                with pytest.raises(UnauthorizedAction):
+                    await store.transition("task-1", 0, event, authority)
+            get = await store.authorize(A, Action.GET, "task-1")
+            snapshot = await store.get("task-1", get)
+            assert isinstance(snapshot, Snapshot)
+            assert snapshot.revision == 0
+            cancel = await self.request(store, A, Action.CANCEL, "task-1")
+            done = await self.applied(store, "task-1", 0, Event.cancelled(), cancel)
+            assert done.snapshot.task.status_message == "Cancellation requested"
+            assert done.snapshot.task.status is TaskStatus.CANCELLED
+
+    async def test_get_accepts_get_update_cancel_access_only(self) -> None:
+        async with self.store() as store:
+            created = await self.create(store, "task-1")
+            for action in (Action.GET, Action.UPDATE, Action.CANCEL):
+                assert await store.get("task-1", await store.authorize(A, action, "task-1")) == (
+                    created
+                )
+            for access in (
+                await store.authorize(A, Action.CREATE, "task-1"),
+                await store.authorize(A, Action.GET, "task-2"),
+            ):
+                with pytest.raises(UnauthorizedAction):
+                    await store.get("task-1", access)
+
+    async def test_access_from_another_store_is_not_found(self) -> None:
+        async with self.store() as store, self.store() as other:
+            await self.create(store, "task-1")
+            await self.create(other, "task-1")
+            foreign_get = await other.authorize(A, Action.GET, "task-1")
+            foreign_cancel = await other.authorize(A, Action.CANCEL, "task-1")
+            assert await store.get("task-1", foreign_get) is NOT_FOUND
+            result = await store.transition(
+                "task-1", 0, Event.cancelled(), RequestAuthority(foreign_cancel)
+            )
+            assert result is NOT_FOUND
+
+    # -- retry deadlines (3.10 #3) -----------------------------------------------------------------
+
+    async def test_retry_deadline_exact_boundary(self) -> None:
+        async with self.store() as store:
+            await self.create(store, "task-1", policy=RetryPolicy([2000]))
+            lease = await self.claimed(store, "task-1")
+            retry = await self.applied(
+                store, "task-1", 0, Event.retry_requested(ERROR, None), WorkerAuthority(lease)
+            )
+            retry_at = retry.snapshot.retry_at
+            assert retry_at == retry.committed_at + 2_000_000
+            assert retry.snapshot.retry_count == 1
+            assert retry.snapshot.task.status is TaskStatus.WORKING
+            assert retry.effects == Effects(
+                retry=RetryEffect(
+                    disposition="scheduled", retry_at=retry_at, delay_ms=2000, retry_count=1
+                )
+            )
+            await store.release(lease)
+            now = await store.now()
+            remaining = -(-(retry_at - now) // 1000)
+            assert await store.claim("task-1", "owner-2", LEASE_MS) == Deferred(remaining)
+            assert await store.claim_next("owner-2", LEASE_MS) is None
+            await self.advance(remaining - 1)
+            assert await store.claim("task-1", "owner-2", LEASE_MS) == Deferred(1)
+            assert await store.claim_next("owner-2", LEASE_MS) is None
+            await self.advance(1)
+            assert await store.now() >= retry_at
+            again = await store.claim_next("owner-2", LEASE_MS)
+            assert again is not None
+            assert again.lease.generation == 2
+            assert again.snapshot.retry_count == 1
+            with pytest.raises(StaleLease):
+                await store.worker_snapshot("task-1", lease)
+
+    async def test_retry_deferred_even_with_expired_claim(self) -> None:
+        async with self.store() as store:
+            await self.create(store, "task-1", policy=RetryPolicy([60_000]))
+            result = await store.claim("task-1", "owner-1", 1000)
+            assert isinstance(result, Claimed)
+            retry = await self.applied(
+                store,
+                "task-1",
+                0,
+                Event.retry_requested(ERROR, "later"),
+                WorkerAuthority(result.lease),
+            )
+            assert retry.snapshot.retry_at is not None
+            await self.advance(2000)  # the lease expired, the retry is not due
+            remaining = -(-(retry.snapshot.retry_at - await store.now()) // 1000)
+            assert remaining > 57_000
+            assert await store.claim("task-1", "owner-2", LEASE_MS) == Deferred(remaining)
+            assert await store.claim_next("owner-2", LEASE_MS) is None
+
+    async def test_retry_exhaustion_fails_atomically(self) -> None:
+        async with self.store() as store:
+            await self.create(store, "task-1", policy=RetryPolicy([0]))
+            lease = await self.claimed(store, "task-1")
+            worker = WorkerAuthority(lease)
+            first = await self.applied(
+                store, "task-1", 0, Event.retry_requested(ERROR, "a"), worker
+            )
+            assert first.snapshot.retry_at == first.committed_at
+            last = await self.applied(
+                store, "task-1", 1, Event.retry_requested(ERROR, "gave up"), worker
+            )
+            assert last.effects == Effects(
+                retry=RetryEffect(
+                    disposition="exhausted", retry_at=None, delay_ms=None, retry_count=1
+                )
+            )
+            task = last.snapshot.task
+            assert (task.status, task.error, task.status_message) == (
+                TaskStatus.FAILED,
+                ERROR,
+                "gave up",
+            )
+            assert last.snapshot.retry_at is None
+            await store.release(lease)
+            assert await store.claim("task-1", "owner-1", LEASE_MS) is UNAVAILABLE
+
+    async def test_cancel_during_backoff_clears_retry_at(self) -> None:
+        async with self.store() as store:
+            await self.create(store, "task-1", policy=RetryPolicy([60_000]))
+            lease = await self.claimed(store, "task-1")
+            await self.applied(
+                store, "task-1", 0, Event.retry_requested(ERROR, None), WorkerAuthority(lease)
+            )
+            cancel = await self.request(store, A, Action.CANCEL, "task-1")
+            done = await self.applied(store, "task-1", 1, Event.cancelled(), cancel)
+            assert done.snapshot.retry_at is None
+            assert done.snapshot.retry_count == 1
+            await store.release(lease)
+            assert await store.claim("task-1", "owner-1", LEASE_MS) is UNAVAILABLE
+
+    # -- claim_next --------------------------------------------------------------------------------
+
+    async def test_claim_next_orders_by_created_at_then_id(self) -> None:
+        async with self.store() as store:
+            await self.create(store, "task-z")
+            await self.advance(1)
+            await self.create(store, "task-b", B)
+            await self.create(store, "task-a", C)
+            order = []
+            while (claimed := await store.claim_next("owner", LEASE_MS)) is not None:
+                order.append(claimed.snapshot.task.id)
+            assert order == ["task-z", "task-a", "task-b"]
+
+    async def test_claim_next_skips_unclaimable(self) -> None:
+        async with self.store() as store:
+            for task_id in ("t-1", "t-2", "t-3", "t-4"):
+                await self.create(store, task_id, policy=RetryPolicy([10_000]))
+            done = WorkerAuthority(await self.claimed(store, "t-1"))
+            await self.applied(store, "t-1", 0, Event.completed({}), done)
+            await store.release(done.lease)
+            await self.claimed(store, "t-2")  # live claim
+            retry = WorkerAuthority(await self.claimed(store, "t-3"))
+            scheduled = await self.applied(
+                store, "t-3", 0, Event.retry_requested(ERROR, None), retry
+            )
+            await store.release(retry.lease)
+            nxt = await store.claim_next("owner", LEASE_MS)
+            assert nxt is not None
+            assert nxt.snapshot.task.id == "t-4"
+            assert await store.claim_next("owner", LEASE_MS) is None
+            assert scheduled.snapshot.retry_at is not None
+            await self.advance(-(-(scheduled.snapshot.retry_at - await store.now()) // 1000))
+            due = await store.claim_next("owner", LEASE_MS)
+            assert due is not None
+            assert due.snapshot.task.id == "t-3"
+            assert await store.claim_next("owner", LEASE_MS) is None
+
+    # -- capacity and scopes (3.10 #4) -------------------------------------------------------------
+
+    async def test_capacity_and_scopes(self) -> None:
+        async with self.store(max_tasks=2, max_active_tasks_per_scope=1) as store:
+            results: dict[str, object] = {}
+
+            async def attempt(task_id: str) -> None:
+                for tries in (1, 2):
+                    try:
+                        results[task_id] = await self.create(store, task_id, A)
+                        return
+                    except CapacityExceeded as exc:
+                        results[task_id] = exc
+                        return
+                    except Exception as exc:
+                        if tries == 2 or not self.retryable(exc):
+                            raise
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(attempt, "a-1")
+                nursery.start_soon(attempt, "a-2")
+            won = [k for k, v in results.items() if isinstance(v, Snapshot)]
+            lost = [v for v in results.values() if isinstance(v, CapacityExceeded)]
+            assert len(won) == 1
+            assert [exc.limit for exc in lost] == ["max_active_tasks_per_scope"]
+            await self.create(store, "b-1", B)
+            with pytest.raises(CapacityExceeded) as caught:
+                await self.create(store, "c-1", C)
+            assert caught.value.limit == "max_tasks"
+            owner = won[0]
+            for action in (Action.GET, Action.CANCEL, Action.UPDATE):
+                foreign = await store.authorize(B, action, owner)
+                assert await store.get(owner, foreign) is NOT_FOUND
+            cancel = await self.request(store, B, Action.CANCEL, owner)
+            assert await store.transition(owner, 0, Event.cancelled(), cancel) is NOT_FOUND
+            update = await self.request(store, B, Action.UPDATE, owner)
+            answer = Event.input_responses_accepted({"a": {}})
+            assert await store.transition(owner, 0, answer, update) is NOT_FOUND
+            mine = await store.get(owner, await store.authorize(A, Action.GET, owner))
+            assert isinstance(mine, Snapshot)
+            assert mine.revision == 0
+
+    async def test_active_limit_counts_only_active_tasks(self) -> None:
+        async with self.store(max_active_tasks_per_scope=1) as store:
+            await self.create(store, "a-1")
+            with pytest.raises(CapacityExceeded):
+                await self.create(store, "a-2")
+            cancel = await self.request(store, A, Action.CANCEL, "a-1")
+            await self.applied(store, "a-1", 0, Event.cancelled(), cancel)
+            created = await self.create(store, "a-2")
+            assert created.task.id == "a-2"
+
+    async def test_unlimited_limits(self) -> None:
+        async with self.store(max_tasks=None, max_active_tasks_per_scope=None) as store:
+            for n in range(12):
+                await self.create(store, f"task-{n:02d}")
+            claimed = 0
+            while await store.claim_next("owner", LEASE_MS) is not None:
+                claimed += 1
+            assert claimed == 12
+
+    async def test_shared_scope(self) -> None:
+        async with self.store(scope="shared") as store:
+            await self.create(store, "task-1", A)
+            for ctx in (B, None, object()):
+                snapshot = await store.get(
+                    "task-1", await store.authorize(ctx, Action.GET, "task-1")
+                )
+                assert isinstance(snapshot, Snapshot)
+                assert snapshot.task.id == "task-1"
+
+    async def test_scope_function_errors(self) -> None:
+        async with self.store(scope=lambda ctx: {"not": {"json"}}) as store:
+            with pytest.raises(InvalidScope):
+                await store.authorize(A, Action.CREATE, "task-1")
+        async with self.store() as store:
+            with pytest.raises(Unauthorized):
+                await store.authorize({"no": "tenant"}, Action.GET, "task-1")
+
+    async def test_json_equal_scopes_match(self) -> None:
+        async with self.store(scope=lambda ctx: ctx) as store:
+            await self.create(store, "task-1", {"b": [1, 2], "a": "x"})
+            same = await store.authorize({"a": "x", "b": [1, 2]}, Action.GET, "task-1")
+            assert isinstance(await store.get("task-1", same), Snapshot)
+            for ctx in ({"a": "x", "b": [True, 2]}, {"a": "x", "b": [2, 1]}, {"a": "x"}):
+                other = await store.authorize(ctx, Action.GET, "task-1")
+                assert await store.get("task-1", other) is NOT_FOUND
+
+    # -- TTL and reaping (3.10 #5) -----------------------------------------------------------------
+
+    async def test_ttl_boundary(self) -> None:
+        async with self.store(max_tasks=1) as store:
+            created = await self.create(store, "task-1", ttl_ms=1000)
+            get = await store.authorize(A, Action.GET, "task-1")
+            await self.advance(999)
+            assert await store.get("task-1", get) == created
+            assert await store.reap() == []
+            await self.advance(1)
+            assert await store.get("task-1", get) is NOT_FOUND
+            for action, event in (
+                (Action.CANCEL, Event.cancelled()),
+                (Action.UPDATE, Event.input_responses_accepted({"a": {}})),
+            ):
+                authority = await self.request(store, A, action, "task-1")
+                assert await store.transition("task-1", 0, event, authority) is NOT_FOUND
+            with pytest.raises(CapacityExceeded) as caught:  # counted until reaped
+                await self.create(store, "task-2", ttl_ms=1000)
+            assert caught.value.limit == "max_tasks"
+            assert await store.reap() == ["task-1"]
+            assert await store.reap() == []
+            assert (await self.create(store, "task-2")).task.id == "task-2"
+
+    async def test_ttl_expired_task_created_long_ago(self) -> None:
+        async with self.store() as store:
+            await self.create(store, "task-1", ttl_ms=1000)
+            await self.advance(60_000)
+            get = await store.authorize(A, Action.GET, "task-1")
+            assert await store.get("task-1", get) is NOT_FOUND
+            cancel = await self.request(store, A, Action.CANCEL, "task-1")
+            assert await store.transition("task-1", 0, Event.cancelled(), cancel) is NOT_FOUND
+            assert "task-1" in await store.reap()
+
+    async def test_reap_sorted_including_active_and_null_ttl_kept(self) -> None:
+        async with self.store() as store:
+            for task_id in ("t-c", "t-a", "t-b"):
+                await self.create(store, task_id, ttl_ms=1000)
+            await self.create(store, "t-forever", ttl_ms=None)
+            await self.create(store, "t-later", ttl_ms=10_000)
+            lease = await self.claimed(store, "t-a")
+            await self.advance(1000)
+            assert await store.reap() == ["t-a", "t-b", "t-c"]
+            assert await store.claim("t-a", "owner", LEASE_MS) is NOT_FOUND
+            assert await store.worker_snapshot("t-a", lease) is NOT_FOUND
+            result = await store.transition("t-a", 0, Event.completed({}), WorkerAuthority(lease))
+            assert result is NOT_FOUND
+            with pytest.raises(StaleLease):
+                await store.renew(lease, LEASE_MS)
+            await self.advance(9000)
+            assert await store.reap() == ["t-later"]
+            forever = await store.authorize(A, Action.GET, "t-forever")
+            snapshot = await store.get("t-forever", forever)
+            assert isinstance(snapshot, Snapshot)
+            assert snapshot.task.ttl_ms is None
+
+    async def test_unknown_task_is_not_found(self) -> None:
+        async with self.store() as store:
+            await self.create(store, "task-1")
+            lease = await self.claimed(store, "task-1")
+            get = await store.authorize(A, Action.GET, "nope")
+            cancel = await self.request(store, A, Action.CANCEL, "nope")
+            assert await store.get("nope", get) is NOT_FOUND
+            assert await store.claim("nope", "owner", LEASE_MS) is NOT_FOUND
+            assert await store.worker_snapshot("nope", lease) is NOT_FOUND
+            assert await store.transition("nope", 0, Event.cancelled(), cancel) is NOT_FOUND
+            worker = WorkerAuthority(lease)
+            assert await store.transition("nope", 0, Event.completed({}), worker) is NOT_FOUND
+
+    # -- the inbox (3.10 #6, 3.9) ------------------------------------------------------------------
+
+    async def test_inbox(self) -> None:
+        async with self.store() as store:
+            await self.create(store, "task-1")
+            worker = WorkerAuthority(await self.claimed(store, "task-1"))
+            asked = await self.applied(
+                store, "task-1", 0, Event.input_requested("confirmation", ASK), worker
+            )
+            assert asked.snapshot.task.status is TaskStatus.INPUT_REQUIRED
+            assert asked.snapshot.task.input_requests == {"confirmation": ASK}
+            assert asked.snapshot.input_history == {"confirmation": ASK}
+            responses = {"confirmation": {"action": "accept", "content": {"confirmed": True}}}
+            update = await self.request(store, A, Action.UPDATE, "task-1")
+            answered = await self.applied(
+                store, "task-1", 1, Event.input_responses_accepted(responses), update
+            )
+            assert answered.snapshot.task.status is TaskStatus.WORKING
+            assert answered.snapshot.task.input_requests == {}
+            assert answered.snapshot.accepted_input_responses == responses
+            assert answered.effects == Effects(accepted_input_responses=responses)
+            get = await store.authorize(A, Action.GET, "task-1")
+            assert await store.get("task-1", get) == answered.snapshot
+
+    async def test_partial_answers_and_key_reuse(self) -> None:
+        async with self.store() as store:
+            await self.create(store, "task-1")
+            worker = WorkerAuthority(await self.claimed(store, "task-1"))
+            await self.applied(store, "task-1", 0, Event.input_requested("a", ASK), worker)
+            await self.applied(store, "task-1", 1, Event.input_requested("b", ASK), worker)
+            update = await self.request(store, A, Action.UPDATE, "task-1")
+            partial = await self.applied(
+                store,
+                "task-1",
+                2,
+                Event.input_responses_accepted({"a": {"v": 1}, "unknown": {"v": 2}}),
+                update,
+            )
+            assert partial.effects == Effects(accepted_input_responses={"a": {"v": 1}})
+            assert partial.snapshot.task.status is TaskStatus.INPUT_REQUIRED
+            assert partial.snapshot.task.input_requests == {"b": ASK}
+            assert partial.snapshot.accepted_input_responses == {"a": {"v": 1}}
+            for key in ("a", "b"):
+                with pytest.raises(DuplicateInputKey):
+                    await store.transition(
+                        "task-1", 3, Event.input_requested(key, {"method": "other"}), worker
+                    )
+            after = await store.get("task-1", await store.authorize(A, Action.GET, "task-1"))
+            assert after == partial.snapshot
+
+    async def test_now_moves_with_advance(self) -> None:
+        async with self.store() as store:
+            before = await store.now()
+            await self.advance(1500)
+            assert await store.now() == before + 1_500_000
+
+    async def test_returned_values_are_isolated(self) -> None:
+        async with self.store() as store:
+            created = await self.create(store, "task-1")
+            assert created.work is not None
+            created.work.input["taskId"] = "mutated"
+            get = await store.authorize(A, Action.GET, "task-1")
+            snapshot = await store.get("task-1", get)
+            assert isinstance(snapshot, Snapshot)
+            assert snapshot.work is not None
+            assert snapshot.work.input == {"taskId": "task-1"}
