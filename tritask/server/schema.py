@@ -34,7 +34,8 @@ def type_schema(annotation: Any) -> dict[str, JSONValue]:
             elif isinstance(extra, dict):
                 schema.update(extra)
         return schema
-    if annotation in _SCALARS:
+    if isinstance(annotation, type) and annotation in _SCALARS:
+        # Only classes are looked up: generic aliases may hold unhashable metadata.
         return {"type": _SCALARS[annotation]}
     if annotation is type(None):
         return {"type": "null"}
@@ -51,9 +52,12 @@ def type_schema(annotation: Any) -> dict[str, JSONValue]:
         return {"anyOf": [type_schema(member) for member in members]}
     if origin in (list, tuple, set, frozenset) or annotation in (list, tuple):
         args = get_args(annotation)
-        schema: dict[str, JSONValue] = {"type": "array"}
-        if args and args[-1] is not Ellipsis:
-            schema["items"] = type_schema(args[0])
+        schema = {"type": "array"}
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            # A fixed-length tuple: one schema per position.
+            schema["prefixItems"] = [type_schema(arg) for arg in args]
+            schema["items"] = False
+            schema["minItems"] = schema["maxItems"] = len(args)
         elif args:
             schema["items"] = type_schema(args[0])
         return schema
