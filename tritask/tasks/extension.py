@@ -199,7 +199,8 @@ class Tasks(Extension):
         if poll_interval_ms is not None and poll_interval_ms <= 0:
             raise ValueError("poll_interval_ms must be a positive integer or None")
         self.store = store
-        self.runner = runner
+        self._runner: Runner | None = None
+        self._unwire: Callable[[], None] | None = None
         self.task_support: dict[str, Policy] = dict(task_support or {})
         self.ttl_ms = ttl_ms
         self.poll_interval_ms = poll_interval_ms
@@ -214,6 +215,7 @@ class Tasks(Extension):
         self.scope = scope
         self.runner_options = dict(runner_options or {})
         self._app: App | None = None
+        self.runner = runner
         self._methods: dict[str, MethodHandler] = {
             "tasks/get": self._get,
             "tasks/update": self._update,
@@ -222,10 +224,24 @@ class Tasks(Extension):
 
     # -- wiring --------------------------------------------------------------------------
 
+    @property
+    def runner(self) -> Runner | None:
+        return self._runner
+
+    @runner.setter
+    def runner(self, runner: Runner | None) -> None:
+        """Switch runners (e.g. after a restart in-process); the new one is wired to the app."""
+        if self._unwire is not None:
+            self._unwire()
+            self._unwire = None
+        self._runner = runner
+        if runner is not None and self._app is not None:
+            self._unwire = self._wire(self._app, runner)
+
     def attached(self, app: App) -> None:
         self._app = app
-        if self.runner is not None:
-            self._wire(app, self.runner)
+        if self._runner is not None and self._unwire is None:
+            self._unwire = self._wire(app, self._runner)
 
     def _wire(self, app: App, runner: Runner) -> Callable[[], None]:
         runner.set_default_executor(ToolCallExecutor(app))
@@ -248,24 +264,20 @@ class Tasks(Extension):
                 store = open_store(url, scope=self.scope)
                 await stack.enter_async_context(store)
                 self.store = store
-                stack.callback(self._forget, "store")
+                stack.callback(setattr, self, "store", None)
             if self.runner is None:
                 runner = Runner(self.store, recover=True, **self.runner_options)
                 nursery = await stack.enter_async_context(trio.open_nursery())
                 await nursery.start(runner.run)
                 stack.callback(runner.stop)
                 self.runner = runner
-                stack.callback(self._forget, "runner")
-                stack.callback(self._wire(app, runner))
+                stack.callback(setattr, self, "runner", None)
             log.info(
                 "tasks: store %s, runner %s",
                 "opened" if opened_store else "given",
                 "started" if opened_runner else "given",
             )
             yield
-
-    def _forget(self, what: str) -> None:
-        setattr(self, what, None)
 
     def _parts(self) -> tuple[Store, Runner]:
         if self.store is None or self.runner is None:
