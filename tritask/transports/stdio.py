@@ -22,6 +22,10 @@ WebSocket transport only turn their bytes into frames and back:
   MUST send that notification when it tears a subscription down (the schema says stdio only),
   the subscriptions page says it SHOULD send the result first; sending both, in that order,
   satisfies both readings, and clients ignore a cancel for an id that already completed.
+  (Measured with ``mcp`` 2.3.0: its listen driver settles the result in a separate task while
+  its read loop takes a server-sent cancel as an abrupt loss, so when both lines arrive back to
+  back it occasionally reports ``SubscriptionLost`` instead of a graceful end. The stream ends
+  either way; the race is the client's.)
 - Lines that are not JSON get -32700 with id null; invalid envelopes get -32600 with the id
   when it could be read; responses sent by the client are ignored (this server never sends
   requests); a line longer than the limit gets -32600 and the rest of it is skipped without
