@@ -33,8 +33,8 @@ from tritask.tasks import MemoryStore as MemoryStore
 from tritask.tasks import Retry as Retry
 from tritask.tasks import RetryPolicy as RetryPolicy
 from tritask.tasks import Runner as Runner
-from tritask.tasks import Tasks as Tasks
 from tritask.tasks import TaskOptions as TaskOptions
+from tritask.tasks import Tasks as Tasks
 from tritask.tasks import Work as Work
 from tritask.tasks import WorkExecutor as WorkExecutor
 from tritask.tasks import await_input as await_input

@@ -135,7 +135,9 @@ async def serve(args: argparse.Namespace) -> None:
                 )
             )
             for bind in binds:
-                print(f"tritask: serving Streamable HTTP on {bind}/mcp", file=sys.stderr, flush=True)
+                print(
+                    f"tritask: serving Streamable HTTP on {bind}/mcp", file=sys.stderr, flush=True
+                )
         if args.ws:
             from tritask.transports.websocket import serve_websocket
 
@@ -193,4 +195,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         trio.run(serve, args)
         return 0
     parser.error(f"unknown command {args.command}")
-    return 2

@@ -116,10 +116,7 @@ def _reject_constant(name: str) -> Any:
 
 def loads(data: bytes | str) -> JSONValue:
     """Strict JSON: no NaN/Infinity, UTF-8 only."""
-    if isinstance(data, bytes | bytearray):
-        text = bytes(data).decode("utf-8")
-    else:
-        text = data
+    text = bytes(data).decode("utf-8") if isinstance(data, bytes | bytearray) else data
     return json.loads(text, parse_constant=_reject_constant)
 
 

@@ -24,9 +24,7 @@ class MissingRequiredClientCapability(JsonRpcError):
     code = -32021
     default_message = "Missing required client capability"
 
-    def __init__(
-        self, required: dict[str, JSONValue], message: str | None = None
-    ) -> None:
+    def __init__(self, required: dict[str, JSONValue], message: str | None = None) -> None:
         super().__init__(message, {"requiredCapabilities": required})
         self.required = required
 

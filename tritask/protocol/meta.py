@@ -77,9 +77,7 @@ def parse_optional_meta(meta: RequestMeta) -> RequestMeta:
     raw = meta.raw
     log_level = raw.get(LOG_LEVEL_KEY)
     if log_level is not None and log_level not in LOG_LEVELS:
-        raise InvalidParams(
-            f"params._meta {LOG_LEVEL_KEY} must be one of: {', '.join(LOG_LEVELS)}"
-        )
+        raise InvalidParams(f"params._meta {LOG_LEVEL_KEY} must be one of: {', '.join(LOG_LEVELS)}")
     token = raw.get("progressToken")
     if token is not None and (isinstance(token, bool) or not isinstance(token, str | int)):
         raise InvalidParams("params._meta progressToken must be a string or an integer")

@@ -80,7 +80,9 @@ class BlobResourceContents:
     meta: dict[str, JSONValue] | None = None
 
     @classmethod
-    def from_bytes(cls, uri: str, data: bytes, mime_type: str | None = None) -> BlobResourceContents:
+    def from_bytes(
+        cls, uri: str, data: bytes, mime_type: str | None = None
+    ) -> BlobResourceContents:
         return cls(uri=uri, blob=base64.b64encode(data).decode("ascii"), mime_type=mime_type)
 
 

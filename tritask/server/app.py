@@ -390,7 +390,8 @@ class App:
         _require_async(fn, "prompt")
         schema, _ = signature_schema(fn, _is_context)
         properties = schema.get("properties", {})
-        required = set(schema.get("required", []))  # type: ignore[arg-type]
+        required_names = schema.get("required", [])
+        required = set(required_names) if isinstance(required_names, list) else set()
         assert isinstance(properties, dict)
         arguments = tuple(
             PromptArgument(
@@ -486,9 +487,7 @@ class App:
         self.hub.publish("notifications/prompts/list_changed", {}, {"promptsListChanged": True})
 
     def notify_resources_changed(self) -> None:
-        self.hub.publish(
-            "notifications/resources/list_changed", {}, {"resourcesListChanged": True}
-        )
+        self.hub.publish("notifications/resources/list_changed", {}, {"resourcesListChanged": True})
 
     def notify_resource_updated(self, uri: str) -> None:
         self.hub.publish(

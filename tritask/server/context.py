@@ -35,8 +35,9 @@ class NotInTask(RuntimeError):
 class InputProvider(Protocol):
     """What a task runtime installs in a detached context so work can ask for input."""
 
-    async def await_input(self, key: str, request: dict[str, JSONValue]) -> dict[str, JSONValue]:
-        ...
+    async def await_input(
+        self, key: str, request: dict[str, JSONValue]
+    ) -> dict[str, JSONValue]: ...
 
 
 class Context:

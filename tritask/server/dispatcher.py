@@ -173,9 +173,9 @@ class Dispatcher:
                 return handler, None
             return None, None
         for extension_id, extension in self.app.extensions.items():
-            handler = extension.methods().get(method)
-            if handler is not None:
-                return handler, extension_id
+            extension_handler = extension.methods().get(method)
+            if extension_handler is not None:
+                return extension_handler, extension_id
         return None, None
 
     def _check_routing_headers(
@@ -274,7 +274,9 @@ class Dispatcher:
             raise InvalidParams("tools/call params.arguments must be an object")
         errors = validation_errors(tool.validator, arguments)
         if errors:
-            return tool_error_result(f"Invalid arguments for tool {tool.name}: " + "; ".join(errors))
+            return tool_error_result(
+                f"Invalid arguments for tool {tool.name}: " + "; ".join(errors)
+            )
         return ToolCall(tool=tool, arguments=arguments, params=params)
 
     # -- core methods --------------------------------------------------------------------
@@ -323,7 +325,9 @@ class Dispatcher:
         prompts = [prompt.to_wire() for prompt in self.app.prompts.values()]
         return self._cacheable({"prompts": prompts})
 
-    async def _prompts_get(self, params: dict[str, JSONValue], ctx: Context) -> dict[str, JSONValue]:
+    async def _prompts_get(
+        self, params: dict[str, JSONValue], ctx: Context
+    ) -> dict[str, JSONValue]:
         name = params.get("name")
         if not isinstance(name, str) or not name:
             raise InvalidParams("prompts/get requires a non-empty string params.name")
@@ -463,9 +467,7 @@ class Dispatcher:
                 {"_meta": dict(tag), "notifications": accepted},
             )
             for extension in self.app.extensions.values():
-                for method, snapshot_params in await extension.subscription_snapshot(
-                    accepted, ctx
-                ):
+                for method, snapshot_params in await extension.subscription_snapshot(accepted, ctx):
                     snapshot_meta = snapshot_params.get("_meta")
                     merged_meta = dict(snapshot_meta) if isinstance(snapshot_meta, dict) else {}
                     merged_meta.update(tag)
@@ -482,8 +484,9 @@ class Dispatcher:
         return {"_meta": dict(tag)}
 
 
-def _wrap(hook: Callable[[ToolCall, Context, CallNext], Awaitable[dict[str, JSONValue]]],
-          inner: CallNext) -> CallNext:
+def _wrap(
+    hook: Callable[[ToolCall, Context, CallNext], Awaitable[dict[str, JSONValue]]], inner: CallNext
+) -> CallNext:
     async def call(call: ToolCall, ctx: Context) -> dict[str, JSONValue]:
         return await hook(call, ctx, inner)
 

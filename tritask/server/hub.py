@@ -33,12 +33,14 @@ class HubEvent:
 def matches(accepted: Mapping[str, JSONValue], selector: Mapping[str, JSONValue]) -> bool:
     for key, wanted in selector.items():
         granted = accepted.get(key)
-        if isinstance(wanted, bool):
-            if wanted and granted is True:
-                return True
-        elif isinstance(wanted, list) and isinstance(granted, list):
-            if any(item in granted for item in wanted):
-                return True
+        if isinstance(wanted, bool) and wanted and granted is True:
+            return True
+        if (
+            isinstance(wanted, list)
+            and isinstance(granted, list)
+            and any(item in granted for item in wanted)
+        ):
+            return True
     return False
 
 

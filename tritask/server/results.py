@@ -91,9 +91,8 @@ def tool_error_result(message: str) -> dict[str, JSONValue]:
 
 def prompt_result(value: Any, description: str | None) -> dict[str, JSONValue]:
     if isinstance(value, wire.GetPromptResult):
-        result = wire.to_wire(value)
-        assert isinstance(result, dict)
-        return result
+        shaped: dict[str, JSONValue] = wire.to_wire(value)
+        return shaped
     if isinstance(value, str):
         messages: list[Any] = [{"role": "user", "content": {"type": "text", "text": value}}]
     elif isinstance(value, wire.PromptMessage):

@@ -128,34 +128,32 @@ class Event:
         _validate(self.kind, self.data)
 
     @classmethod
-    def input_requested(cls, key: str, request: JSONObject, *, id: str | None = None) -> Event:
+    def input_requested(cls, key: str, request: JSONObject, id: str | None = None) -> Event:
         return cls(_id(id), EventKind.INPUT_REQUESTED, {"key": key, "request": request})
 
     @classmethod
     def input_responses_accepted(
-        cls, responses: dict[str, JSONObject], *, id: str | None = None
+        cls, responses: dict[str, JSONObject], id: str | None = None
     ) -> Event:
         return cls(_id(id), EventKind.INPUT_RESPONSES_ACCEPTED, {"responses": responses})
 
     @classmethod
     def retry_requested(
-        cls, error: JSONObject, status_message: str | None, *, id: str | None = None
+        cls, error: JSONObject, status_message: str | None, id: str | None = None
     ) -> Event:
         data = {"error": error, "statusMessage": status_message}
         return cls(_id(id), EventKind.RETRY_REQUESTED, data)
 
     @classmethod
-    def completed(cls, result: JSONObject, *, id: str | None = None) -> Event:
+    def completed(cls, result: JSONObject, id: str | None = None) -> Event:
         return cls(_id(id), EventKind.COMPLETED, {"result": result})
 
     @classmethod
-    def failed(
-        cls, error: JSONObject, status_message: str | None, *, id: str | None = None
-    ) -> Event:
+    def failed(cls, error: JSONObject, status_message: str | None, id: str | None = None) -> Event:
         return cls(_id(id), EventKind.FAILED, {"error": error, "statusMessage": status_message})
 
     @classmethod
-    def cancelled(cls, *, id: str | None = None) -> Event:
+    def cancelled(cls, id: str | None = None) -> Event:
         return cls(_id(id), EventKind.CANCELLED, {})
 
     def to_json(self) -> JSONObject:

@@ -65,9 +65,9 @@ DEFAULT: Final = _Default()
 class TaskOptions:
     """Per-call overrides chosen by a tool's policy."""
 
-    ttl_ms: int | None | _Default = DEFAULT
-    poll_interval_ms: int | None | _Default = DEFAULT
-    status_message: str | None | _Default = DEFAULT
+    ttl_ms: int | _Default | None = DEFAULT
+    poll_interval_ms: int | _Default | None = DEFAULT
+    status_message: str | _Default | None = DEFAULT
     retry_policy: RetryPolicy | _Default = DEFAULT
 
 
@@ -100,16 +100,16 @@ def _task_id_param(params: Mapping[str, JSONValue], limit: int) -> str:
     return task_id
 
 
+_MODES: Final[dict[str, Mode]] = {"sync": "sync", "optional": "optional", "required": "required"}
+
+
 def _normalise(decision: object) -> tuple[Mode, TaskOptions]:
-    if decision in ("sync", "optional", "required"):
-        return decision, TaskOptions()  # type: ignore[return-value]
-    if (
-        isinstance(decision, tuple)
-        and len(decision) == 2
-        and decision[0] in ("sync", "optional", "required")
-        and isinstance(decision[1], TaskOptions)
-    ):
-        return decision  # type: ignore[return-value]
+    if isinstance(decision, str) and decision in _MODES:
+        return _MODES[decision], TaskOptions()
+    if isinstance(decision, tuple) and len(decision) == 2:
+        mode, options = decision
+        if isinstance(mode, str) and mode in _MODES and isinstance(options, TaskOptions):
+            return _MODES[mode], options
     raise InternalError("Tasks policy returned an invalid decision")
 
 
@@ -400,7 +400,9 @@ class Tasks(Extension):
             if not isinstance(task_id, str) or not task_id:
                 raise InvalidParams("taskIds must contain non-empty strings")
             if len(task_id.encode("utf-8")) > self.max_task_id_bytes:
-                raise InvalidParams(f"taskIds entries must be at most {self.max_task_id_bytes} bytes")
+                raise InvalidParams(
+                    f"taskIds entries must be at most {self.max_task_id_bytes} bytes"
+                )
         visible = [task_id for task_id in dict.fromkeys(ids) if await self._visible(task_id, ctx)]
         return {"taskIds": visible} if visible else {}
 
@@ -471,6 +473,8 @@ class Tasks(Extension):
         return {"resultType": "complete"}
 
 
-def await_input(ctx: Context, key: str, request: dict[str, JSONValue]) -> Awaitable[dict[str, JSONValue]]:
+def await_input(
+    ctx: Context, key: str, request: dict[str, JSONValue]
+) -> Awaitable[dict[str, JSONValue]]:
     """``tritask.await_input(ctx, key, request)``: the function form of ``ctx.await_input``."""
     return ctx.await_input(key, request)

@@ -14,6 +14,9 @@ Authority rules (reference 3.3):
   and ``failed`` (otherwise :class:`UnauthorizedAction`); a forged, expired, other-task or
   other-store lease raises :class:`StaleLease`. Claims span scopes: worker authority belongs to
   the application, not to a principal.
+
+Claims ignore TTL (reference 3.6): an expired task stays claimable until it is reaped, and
+reaping is the only physical deletion.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from tritask.tasks.work import InvalidJSON, Work, canonical_json
 __all__ = [
     "NOT_FOUND",
     "REQUEST_KINDS",
+    "SHARED_SCOPE_KEY",
     "UNAVAILABLE",
     "WORKER_KINDS",
     "Access",

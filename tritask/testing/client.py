@@ -118,7 +118,7 @@ class Client:
         self.transport = transport
         caps = dict(capabilities or {})
         if tasks:
-            extensions = dict(caps.get("extensions") or {})  # type: ignore[call-overload]
+            extensions = dict(caps.get("extensions") or {})
             extensions[TASKS_ID] = {}
             caps["extensions"] = extensions
         self.capabilities = caps
@@ -160,7 +160,9 @@ class Client:
     async def call_tool(
         self, name: str, arguments: Mapping[str, JSONValue] | None = None, **extra: JSONValue
     ) -> dict[str, JSONValue]:
-        return await self.request("tools/call", {"name": name, "arguments": dict(arguments or {}), **extra})
+        return await self.request(
+            "tools/call", {"name": name, "arguments": dict(arguments or {}), **extra}
+        )
 
     async def get_task(self, task_id: str) -> dict[str, JSONValue]:
         return await self.request("tasks/get", {"taskId": task_id})
@@ -168,7 +170,9 @@ class Client:
     async def update_task(
         self, task_id: str, responses: Mapping[str, JSONValue]
     ) -> dict[str, JSONValue]:
-        return await self.request("tasks/update", {"taskId": task_id, "inputResponses": dict(responses)})
+        return await self.request(
+            "tasks/update", {"taskId": task_id, "inputResponses": dict(responses)}
+        )
 
     async def cancel_task(self, task_id: str) -> dict[str, JSONValue]:
         return await self.request("tasks/cancel", {"taskId": task_id})

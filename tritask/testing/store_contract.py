@@ -836,12 +836,15 @@ class StoreContract:
 
     async def test_reap_sorted_including_active_and_null_ttl_kept(self) -> None:
         async with self.store() as store:
-            for task_id in ("t-c", "t-a", "t-b"):
+            for task_id in ("t-c", "t-a", "t-b"):  # expiry order differs from id order
                 await self.create(store, task_id, ttl_ms=1000)
+                await self.advance(1)
             await self.create(store, "t-forever", ttl_ms=None)
             await self.create(store, "t-later", ttl_ms=10_000)
             lease = await self.claimed(store, "t-a")
-            await self.advance(1000)
+            await self.advance(996)
+            assert await store.reap() == []
+            await self.advance(3)
             assert await store.reap() == ["t-a", "t-b", "t-c"]
             assert await store.claim("t-a", "owner", LEASE_MS) is NOT_FOUND
             assert await store.worker_snapshot("t-a", lease) is NOT_FOUND
@@ -850,6 +853,8 @@ class StoreContract:
             with pytest.raises(StaleLease):
                 await store.renew(lease, LEASE_MS)
             await self.advance(9000)
+            assert await store.reap() == []
+            await self.advance(1)
             assert await store.reap() == ["t-later"]
             forever = await store.authorize(A, Action.GET, "t-forever")
             snapshot = await store.get("t-forever", forever)
