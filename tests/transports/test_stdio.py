@@ -435,6 +435,49 @@ async def test_subprocess_serves_stdio_over_pipes(tmp_path: Path) -> None:
     assert b"tritask: serving stdio" in stderr_path.read_bytes()
 
 
+NOISY_APP = """
+from tritask.server.app import App
+
+app = App("noisy", "1.0.0", state_key="noisy-state-key-0123456789")
+
+
+@app.tool()
+async def shout() -> str:
+    \"\"\"Print to stdout, which must not reach the protocol stream.\"\"\"
+    print("stray output", flush=True)
+    return "shouted"
+"""
+
+
+async def test_stray_prints_go_to_stderr_not_the_protocol_stream(tmp_path: Path) -> None:
+    (tmp_path / "noisy_app.py").write_text(NOISY_APP)
+    stderr_path = tmp_path / "stderr.txt"
+    with stderr_path.open("wb") as stderr:
+        process = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "tritask", "serve", "noisy_app.py:app", "--stdio"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            cwd=tmp_path,
+        )
+    assert process.stdin is not None and process.stdout is not None
+    peer = Peer(process.stdin, process.stdout)
+    try:
+        with trio.fail_after(60):
+            await peer.send(request(1, "tools/call", name="shout", arguments={}))
+            await process.stdin.aclose()
+            # every line on stdout is a JSON-RPC message: the print went elsewhere
+            messages = await peer.rest()
+            assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert [message["id"] for message in messages] == [1]
+    assert messages[0]["result"]["content"] == [{"type": "text", "text": "shouted"}]
+    assert b"stray output" in stderr_path.read_bytes()
+
+
 async def _receive_slowly(peer: Peer) -> dict[str, Any]:
     """Like ``Peer.receive`` with the caller's (process-sized) deadline."""
     line = await peer.receive_line()
