@@ -410,6 +410,7 @@ def test_event_exact_json() -> None:
         "kind": "cancelled",
         "data": {},
     }
+    assert Event.completed({}, "positional-id").id == "positional-id"
     assert Event.retry_requested({"code": 1, "message": "m"}, None, id="r").data == {
         "error": {"code": 1, "message": "m"},
         "statusMessage": None,

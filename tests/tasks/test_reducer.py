@@ -99,7 +99,8 @@ def test_input_request_and_partial_answers() -> None:
 
 def test_unmatched_answers_are_unchanged() -> None:
     snapshot = run(fresh(), Event.input_requested("a", ASK)).snapshot
-    for responses in ({}, {"nope": {}}):
+    cases: list[dict[str, dict[str, object]]] = [{}, {"nope": {}}]
+    for responses in cases:
         outcome = apply(snapshot, Event.input_responses_accepted(responses), T0 + 9000)
         assert outcome.kind == "unchanged"
         assert outcome.snapshot is snapshot
