@@ -13,6 +13,7 @@ work up again with ``claim_next``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 from collections import deque
@@ -414,7 +415,9 @@ class Runner:
             await self._abandon(task_id, "cancelled")
         return result.snapshot
 
-    async def update(self, task_id: str, responses: JSONObject, access: Access) -> Snapshot | NotFound:
+    async def update(
+        self, task_id: str, responses: JSONObject, access: Access
+    ) -> Snapshot | NotFound:
         """Accept input responses in the store, then wake the attempts waiting for them."""
         result = await self._request_transition(
             task_id, Event.input_responses_accepted(responses), access
@@ -434,10 +437,8 @@ class Runner:
         scope = self._retry_scopes.pop(task_id, None)
         if scope is not None:
             scope.cancel()
-        try:
+        with contextlib.suppress(ValueError):
             self._awaiting_slot.remove(task_id)
-        except ValueError:
-            pass
         self._contexts.pop(task_id, None)
         job = self._jobs.get(task_id)
         if job is not None:
@@ -680,6 +681,11 @@ class Runner:
                 )
                 self._request_stop(job, "stale_lease")
                 return
+            except Exception:
+                # A transient store failure is not a lost lease: the store decides that, and
+                # the next renewal gets StaleLease once the claim has really lapsed.
+                log.exception("renewing the lease of task %s failed; retrying", job.task_id)
+                continue
             self._emit(
                 ins.LEASE_RENEWED,
                 {"generation": job.lease.generation},
@@ -709,7 +715,9 @@ class Runner:
         if job.stop_reason is not None or job.settling:
             return
         job.stop_reason = "max_runtime"
-        result = await self._commit_worker(job, Event.failed(internal_error(MAX_RUNTIME), MAX_RUNTIME))
+        result = await self._commit_worker(
+            job, Event.failed(internal_error(MAX_RUNTIME), MAX_RUNTIME)
+        )
         if result is not None:
             job.store_outcome = result.outcome
             job.terminal = result.snapshot.task.status.is_terminal

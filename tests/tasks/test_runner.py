@@ -1,0 +1,594 @@
+"""The Runner under MockClock: heartbeats, fencing and replacement, max runtime, reaping,
+shutdown hygiene, and store calls without caller-side timeouts."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from helpers import (
+    ANONYMOUS,
+    ELICIT_CAPS,
+    START_US,
+    UNKNOWN_TASK,
+    HookedStore,
+    ScriptedExecutor,
+    create_raw,
+    raw_snapshot,
+    start_env,
+)
+
+from tritask.server.context import Context
+from tritask.server.mrtr import elicitation
+from tritask.tasks import instrumentation as ins
+from tritask.tasks._time import format_instant
+from tritask.tasks.events import Event, EventKind
+from tritask.tasks.executor import Completed, ExecutionToken, Retry, StaleAttempt
+from tritask.tasks.extension import ToolCallExecutor
+from tritask.tasks.instrumentation import RecordingInstrumentation
+from tritask.tasks.memory import MemoryStore
+from tritask.tasks.model import Snapshot
+from tritask.tasks.runner import Runner
+from tritask.tasks.store import (
+    NOT_FOUND,
+    UNAVAILABLE,
+    Claimed,
+    DatabaseBusy,
+    Deferred,
+    Lease,
+    StaleLease,
+    WorkerAuthority,
+)
+from tritask.tasks.work import RetryPolicy, Work
+
+ASK = elicitation("Proceed?", {"type": "object", "properties": {"ok": {"type": "boolean"}}})
+
+
+def stops(env_events: RecordingInstrumentation, task_id: str) -> list[dict[str, Any]]:
+    return [md for _, md in env_events.named(ins.JOB_STOP) if md["task_id"] == task_id]
+
+
+# -- heartbeats ---------------------------------------------------------------------------------
+
+
+@pytest.mark.contract("tasks-recovery-claims")
+async def test_heartbeats_keep_a_long_claim_alive_past_lease_ms(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    env = await start_env(
+        nursery, task_support={"long": "required"}, runner_options={"lease_ms": 3_000}
+    )
+    assert env.runner.heartbeat_ms == 1_000
+    finished = trio.Event()
+
+    @env.app.tool()
+    async def long(ctx: Context) -> str:
+        """Runs for 20 lease periods."""
+        await trio.sleep(59.5)
+        finished.set()
+        return "long done"
+
+    task_id = await env.create("long")
+    for second in (10, 30, 59):
+        await trio.sleep_until(second)
+        # Well past lease_ms: nobody else can claim it, the claim was never re-granted.
+        assert await env.memory.claim(task_id, "intruder", 1_000) is UNAVAILABLE
+        assert await env.memory.claim_next("intruder", 1_000) is None
+        assert (await env.get(task_id))["status"] == "working"
+    await finished.wait()
+    detail = await env.wait_status(task_id, "completed")
+    assert detail["result"]["content"] == [{"type": "text", "text": "long done"}]
+    claimed = [m for m, md in env.named(ins.LEASE_CLAIMED) if md["task_id"] == task_id]
+    assert claimed == [{"generation": 1}]
+    renewed = [m["generation"] for m, md in env.named(ins.LEASE_RENEWED)]
+    assert len(renewed) == 59 and set(renewed) == {1}
+    assert env.named(ins.LEASE_LOST) == []
+    assert env.history_kinds(task_id) == ["completed"]
+
+
+@pytest.mark.contract("tasks-recovery-claims")
+async def test_a_transient_renew_failure_does_not_crash_the_runner(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Regression: a renew raising anything but StaleLease used to crash the runner's nursery."""
+    failures = 0
+
+    async def hook(op: str, args: tuple[Any, ...]) -> None:
+        nonlocal failures
+        await trio.lowlevel.checkpoint()
+        if op == "renew" and failures < 2:
+            failures += 1
+            raise DatabaseBusy("database is busy")
+
+    env = await start_env(
+        nursery,
+        task_support={"slow": "required"},
+        store=lambda memory: HookedStore(memory, hook),
+        runner_options={"lease_ms": 6_000, "heartbeat_ms": 1_000},
+    )
+
+    @env.app.tool()
+    async def slow() -> str:
+        """Outlives two failed heartbeats."""
+        await trio.sleep(9.5)
+        return "survived"
+
+    task_id = await env.create("slow")
+    detail = await env.wait_status(task_id, "completed", "failed")
+    assert detail["status"] == "completed"
+    assert detail["result"]["content"] == [{"type": "text", "text": "survived"}]
+    assert failures == 2
+    assert env.runner.running
+    # The claim never changed hands: renewals resumed at generation 1 and nothing was lost.
+    assert {m["generation"] for m, _ in env.named(ins.LEASE_RENEWED)} == {1}
+    assert len(env.named(ins.LEASE_RENEWED)) == 7  # t = 3..9 s
+    assert env.named(ins.LEASE_LOST) == []
+    assert stops(env.events, task_id)[0]["outcome"] == "completed"
+
+
+# -- replacement and fencing --------------------------------------------------------------------
+
+
+@pytest.mark.contract("tasks-recovery-claims", "tasks-store-hardening")
+async def test_stuck_attempt_is_torn_down_before_its_replacement_starts(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The heartbeat of generation 1 hangs in the store, so its lease lapses; the runner's own
+    recovery reclaims the task at generation 2, cancels the stuck attempt's scope, waits for it
+    to exit, and only then starts the replacement. The old lease and input channel are fenced."""
+    leases: list[Lease] = []
+
+    async def hook(op: str, args: tuple[Any, ...]) -> None:
+        await trio.lowlevel.checkpoint()
+        if op == "renew":
+            leases.append(args[0])
+            if args[0].generation == 1:
+                await trio.sleep_forever()
+
+    env = await start_env(
+        nursery,
+        task_support={"job": "required"},
+        store=lambda memory: HookedStore(memory, hook),
+        runner_options={"lease_ms": 3_000, "recover": True, "recovery_interval_ms": 500},
+    )
+    log: list[tuple[str, int, float]] = []
+    contexts: list[Context] = []
+
+    @env.app.tool()
+    async def job(ctx: Context) -> str:
+        """The first attempt gets stuck; the replacement finishes."""
+        attempt = len(contexts)
+        contexts.append(ctx)
+        log.append(("start", attempt, trio.current_time()))
+        try:
+            if attempt == 0:
+                await trio.sleep_forever()
+            return f"attempt {attempt} done"
+        finally:
+            log.append(("exit", attempt, trio.current_time()))
+
+    task_id = await env.create("job", caps=ELICIT_CAPS)
+    detail = await env.wait_status(task_id, "completed", "failed")
+    assert detail["status"] == "completed"
+    assert detail["result"]["content"] == [{"type": "text", "text": "attempt 1 done"}]
+    # The lease (claimed at t=0 for 3 s) lapsed at t=3; the reclaim tore attempt 0 down first.
+    assert log == [("start", 0, 0.0), ("exit", 0, 3.0), ("start", 1, 3.0), ("exit", 1, 3.0)]
+    assert [m["generation"] for m, _ in env.named(ins.LEASE_CLAIMED)] == [1, 2]
+    assert [m["generation"] for m, _ in env.named(ins.RECOVERY_RECLAIMED)] == [2]
+    assert [(md["outcome"], md["release_outcome"]) for md in stops(env.events, task_id)] == [
+        ("reclaimed", "error"),  # its lease was already superseded: releasing it is refused
+        ("completed", "ok"),
+    ]
+    # Exactly one terminal commit.
+    assert env.history_kinds(task_id) == ["completed"]
+
+    # The replaced attempt is fenced: its input channel refuses, and its lease is stale.
+    with pytest.raises(StaleAttempt):
+        await contexts[0].await_input("late", ASK)
+    old = leases[0]
+    assert old.generation == 1
+    snapshot = await env.snapshot(task_id)
+    with pytest.raises(StaleLease):
+        await env.memory.transition(
+            task_id,
+            snapshot.revision,
+            Event.failed({"code": -32603, "message": "late"}, "late"),
+            WorkerAuthority(old),
+        )
+    with pytest.raises(StaleLease):
+        await env.memory.worker_snapshot(task_id, old)
+    with pytest.raises(StaleLease):
+        await env.memory.renew(old, 3_000)
+    assert env.history_kinds(task_id) == ["completed"]
+    assert (await env.get(task_id)) == detail
+
+
+@pytest.mark.parametrize("late", ["result", "input"])
+@pytest.mark.contract("tasks-recovery-claims", "tasks-store-hardening")
+async def test_late_result_or_input_of_a_lapsed_attempt_is_fenced_across_runners(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock, late: str
+) -> None:
+    """Runner A's renewals fail, its lease lapses and runner B reclaims the task at generation 2
+    and completes it; A's attempt then finishes (or asks for input) and the store refuses it."""
+
+    async def hook(op: str, args: tuple[Any, ...]) -> None:
+        await trio.lowlevel.checkpoint()
+        if op == "renew" and args[0].owner_id == "runner-a":
+            raise DatabaseBusy("renewals of runner A keep failing")
+
+    env = await start_env(
+        nursery,
+        task_support={"job": "required"},
+        store=lambda memory: HookedStore(memory, hook),
+        runner_options={"lease_ms": 3_000, "owner_id": "runner-a"},
+    )
+    events_b = RecordingInstrumentation()
+    runner_b = Runner(
+        env.memory,
+        owner_id="runner-b",
+        lease_ms=3_000,
+        reap_interval_ms=None,
+        instrumentation=events_b,
+    )
+    runner_b.set_default_executor(ToolCallExecutor(env.app))
+    await nursery.start(runner_b.run)
+    go = trio.Event()
+    attempts: list[str] = []
+    refused: list[BaseException] = []
+
+    @env.app.tool()
+    async def job(ctx: Context) -> str:
+        """Attempt A waits for ``go``; attempt B completes at once."""
+        attempts.append(ctx.idempotency_key or "")
+        if len(attempts) == 1:
+            await go.wait()
+            if late == "input":
+                try:
+                    await ctx.await_input("late-key", ASK)
+                except StaleAttempt as error:
+                    refused.append(error)
+                    raise
+            return "from A"
+        return "from B"
+
+    task_id = await env.create("job", caps=ELICIT_CAPS)
+    await trio.sleep_until(3.0)
+    assert await runner_b.recover_once() == 1
+    detail = await env.wait_status(task_id, "completed")
+    assert detail["result"]["content"] == [{"type": "text", "text": "from B"}]
+    assert attempts == [task_id, task_id]  # same idempotency key on every attempt
+    go.set()
+    stop_a = await _wait_stop(env.events, task_id)
+    assert env.history_kinds(task_id) == ["completed"]  # exactly one terminal commit
+    assert await env.get(task_id) == detail
+    fenced = env.named(ins.FENCED_WRITE_REJECTED)
+    if late == "result":
+        assert [(m["generation"], md["event_kind"]) for m, md in fenced] == [(1, "completed")]
+        assert refused == []
+    else:
+        # The stale lease cannot read the inbox, so the input request is refused before any
+        # event is built; the failure the tool then reports is fenced by the store too.
+        assert [type(error) for error in refused] == [StaleAttempt]
+        assert [(m["generation"], md["event_kind"]) for m, md in fenced] == [(1, "failed")]
+    assert stop_a["store_outcome"] == "error"
+    assert stop_a["release_outcome"] == "error"
+    b_claims = [m["generation"] for m, _ in events_b.named(ins.LEASE_CLAIMED)]
+    assert b_claims == [2]
+    runner_b.stop()
+
+
+async def _wait_stop(events: RecordingInstrumentation, task_id: str) -> dict[str, Any]:
+    for _ in range(10_000):
+        found = [md for _, md in events.named(ins.JOB_STOP) if md["task_id"] == task_id]
+        if found:
+            return found[0]
+        await trio.sleep(0.01)
+    raise AssertionError("the job never stopped")
+
+
+# -- max runtime --------------------------------------------------------------------------------
+
+
+@pytest.mark.contract("tasks-extension-lifecycle")
+async def test_max_runtime_fails_the_task_and_cancels_the_worker(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    env = await start_env(
+        nursery, task_support={"forever": "required"}, runner_options={"max_runtime_ms": 5_000}
+    )
+    cancelled_at: list[float] = []
+
+    @env.app.tool()
+    async def forever() -> str:
+        """Never returns on its own."""
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            cancelled_at.append(trio.current_time())
+            raise
+        return "unreachable"
+
+    task_id = await env.create("forever")
+    detail = await env.wait_status(task_id, "failed")
+    assert detail["error"] == {"code": -32603, "message": "Task exceeded its maximum runtime"}
+    assert detail["statusMessage"] == "Task exceeded its maximum runtime"
+    assert detail["lastUpdatedAt"] == format_instant(START_US + 5_000_000)
+    assert "result" not in detail
+    assert cancelled_at == [5.0]
+    assert stops(env.events, task_id) == [
+        {
+            "task_id": task_id,
+            "outcome": "max_runtime",
+            "store_outcome": "applied",
+            "release_outcome": "ok",
+        }
+    ]
+    assert env.history_kinds(task_id) == ["failed"]
+
+
+# -- reaping ------------------------------------------------------------------------------------
+
+
+@pytest.mark.contract("tasks-extension-lifecycle")
+async def test_reaping_happens_exactly_at_created_at_plus_ttl(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    env = await start_env(
+        nursery, task_support={"forever": "required"}, tasks_options={"ttl_ms": 5_000}
+    )
+    cancelled_at: list[float] = []
+
+    @env.app.tool()
+    async def forever() -> str:
+        """Runs until stopped."""
+        try:
+            await trio.sleep_forever()
+        finally:
+            cancelled_at.append(trio.current_time())
+        return "unreachable"
+
+    await trio.sleep_until(1.0)
+    task_id = await env.create("forever")
+    created = await env.get(task_id)
+    assert created["createdAt"] == format_instant(START_US + 1_000_000)
+    assert created["ttlMs"] == 5_000
+
+    await trio.sleep_until(5.999)  # one millisecond before createdAt + ttlMs
+    assert (await env.get(task_id))["status"] == "working"
+    assert await env.runner.reap_once() == []
+    assert env.runner.active_task_ids() == [task_id]
+
+    await trio.sleep_until(6.0)  # the boundary instant counts as expired
+    unknown = {"code": -32602, "message": UNKNOWN_TASK}
+    assert await env.error("tasks/get", {"taskId": task_id}) == unknown
+    assert await env.error("tasks/cancel", {"taskId": task_id}) == unknown
+    assert cancelled_at == []  # expiry alone hides it; reaping deletes and stops it
+    assert await env.runner.reap_once() == [task_id]
+    assert cancelled_at == [6.0]
+    assert env.runner.active_task_ids() == []
+    assert [md["outcome"] for md in stops(env.events, task_id)] == ["expired"]
+    assert await env.memory.claim(task_id, "anyone", 1_000) is NOT_FOUND
+    assert env.memory.history(task_id) == []
+    assert await env.error("tasks/get", {"taskId": task_id}) == unknown
+
+
+@pytest.mark.contract("tasks-extension-lifecycle")
+async def test_periodic_reaping_and_a_null_ttl_is_never_reaped(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    from tritask.tasks.extension import TaskOptions
+
+    env = await start_env(
+        nursery,
+        task_support={
+            "short": ("required", TaskOptions(ttl_ms=2_500)),
+            "forever": ("required", TaskOptions(ttl_ms=None)),
+        },
+        runner_options={"reap_interval_ms": 1_000},
+    )
+
+    @env.app.tool()
+    async def short() -> str:
+        """Done at once."""
+        return "short"
+
+    @env.app.tool()
+    async def forever() -> str:
+        """Done at once, kept forever."""
+        return "kept"
+
+    short_id = await env.create("short")
+    kept_id = await env.create("forever")
+    assert (await env.get(kept_id))["ttlMs"] is None
+    await trio.sleep(2.4)
+    assert (await env.get(short_id))["status"] == "completed"
+    await trio.sleep(0.7)  # the tick at t=3 s reaps it (expired since t=2.5 s)
+    assert env.named(ins.TASKS_REAPED) == [({"count": 1}, {})]
+    assert env.memory.history(short_id) == []
+    autojump_clock.jump(10 * 365 * 24 * 3600)  # ten years later
+    assert await env.runner.reap_once() == []
+    assert (await env.get(kept_id))["status"] == "completed"
+    assert len(env.named(ins.TASKS_REAPED)) == 1
+
+
+# -- shutdown hygiene ---------------------------------------------------------------------------
+
+
+def _count_tasks(task: trio.lowlevel.Task) -> int:
+    return 1 + sum(
+        _count_tasks(child) for nursery in task.child_nurseries for child in nursery.child_tasks
+    )
+
+
+@pytest.mark.contract("tasks-extension-lifecycle")
+async def test_nothing_outlives_a_stopped_runner_and_every_lease_is_released(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from helpers import TrioClock
+
+    store = MemoryStore(scope="shared", clock=TrioClock(START_US))
+    parked = trio.Event()
+
+    async def script(work: Work, token: ExecutionToken) -> Any:
+        kind = work.input["kind"]
+        if kind == "running":
+            await trio.sleep_forever()
+        if kind == "parked":
+            parked.set()
+            await token.await_input("k", ASK)
+        if kind == "retrying":
+            return Retry({"code": -32000, "message": "again"}, "retrying")
+        return Completed({"content": [], "isError": False})
+
+    executor = ScriptedExecutor(script)
+    events = RecordingInstrumentation()
+    runner = Runner(
+        store, executor=executor, instrumentation=events, reap_interval_ms=1_000, recover=True
+    )
+    root = trio.lowlevel.current_root_task()
+    tasks_before = _count_tasks(root)
+    threads_before = threading.active_count()
+    generations: dict[str, int] = {}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(runner.run)
+        assert len(nursery.child_tasks) == 1
+        for kind in ("running", "parked", "retrying", "done"):
+            policy = RetryPolicy((60_000,)) if kind == "retrying" else RetryPolicy.none()
+            work = Work(idempotency_key=kind, type="job", input={"kind": kind}, retry_policy=policy)
+            await create_raw(store, runner, kind, work=work)
+        await parked.wait()
+        await trio.testing.wait_all_tasks_blocked()
+        assert sorted(runner.active_task_ids()) == ["parked", "running"]
+        assert runner.statistics().scheduled_retries == 1
+        assert _count_tasks(root) > tasks_before
+        for task_id in ("running", "parked"):
+            generations[task_id] = 1
+        runner.stop()
+        await runner.wait_stopped()
+    assert len(nursery.child_tasks) == 0
+    assert _count_tasks(root) == tasks_before
+    assert threading.active_count() == threads_before
+    assert runner.active_task_ids() == []
+    assert runner.statistics().scheduled_retries == 0
+    stopped = {md["task_id"]: md for _, md in events.named(ins.JOB_STOP)}
+    assert stopped["running"]["outcome"] == "runner_stopped"
+    assert stopped["parked"]["outcome"] == "runner_stopped"
+    assert {md["release_outcome"] for md in stopped.values()} == {"ok"}
+    # Every lease was released: a fresh owner claims immediately, at generation + 1.
+    for task_id, generation in generations.items():
+        claimed = await store.claim(task_id, "fresh-owner", 1_000)
+        assert isinstance(claimed, Claimed), claimed
+        assert claimed.lease.generation == generation + 1
+    # The retrying task's lease was released too; only its retry deadline holds it back.
+    deferred = await store.claim("retrying", "fresh-owner", 1_000)
+    # (the retry was committed 1 ms after creation at the same clock reading: commit times
+    # strictly increase per task)
+    assert deferred == Deferred(60_001)
+    await trio.sleep(60.001)
+    claimed = await store.claim("retrying", "fresh-owner", 1_000)
+    assert isinstance(claimed, Claimed) and claimed.lease.generation == 2
+    snapshot = await raw_snapshot(store, "done")
+    assert isinstance(snapshot, Snapshot) and snapshot.task.status == "completed"
+    with pytest.raises(RuntimeError):
+        await runner.run()
+
+
+# -- the store is never timed out by its callers ------------------------------------------------
+
+
+@pytest.mark.contract("tasks-store-hardening")
+async def test_cancel_waits_for_the_authoritative_answer_of_a_slow_store(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    delay = 605.0
+
+    async def hook(op: str, args: tuple[Any, ...]) -> None:
+        await trio.lowlevel.checkpoint()
+        if op == "transition" and args[2].kind is EventKind.CANCELLED:
+            await trio.sleep(delay)
+
+    env = await start_env(
+        nursery, task_support={"forever": "required"}, store=lambda m: HookedStore(m, hook)
+    )
+    cancelled_at: list[float] = []
+
+    @env.app.tool()
+    async def forever() -> str:
+        """Runs until cancelled."""
+        try:
+            await trio.sleep_forever()
+        finally:
+            cancelled_at.append(trio.current_time())
+        return "unreachable"
+
+    task_id = await env.create("forever")
+    started = trio.current_time()
+    ack = await env.result("tasks/cancel", {"taskId": task_id})
+    assert trio.current_time() - started == delay
+    assert {k: v for k, v in ack.items() if k != "_meta"} == {"resultType": "complete"}
+    # Commit first, then stop: the worker ran (and heartbeated) all through the slow commit.
+    assert cancelled_at == [delay]
+    assert len(env.named(ins.LEASE_RENEWED)) == 60
+    detail = await env.get(task_id)
+    assert detail["status"] == "cancelled"
+    assert detail["statusMessage"] == "Cancellation requested"
+    assert detail["lastUpdatedAt"] == format_instant(START_US + int(delay * 1_000_000))
+    assert env.history_kinds(task_id) == ["cancelled"]
+    assert [md["outcome"] for md in stops(env.events, task_id)] == ["cancelled"]
+
+
+@pytest.mark.contract("tasks-store-hardening")
+async def test_a_slow_store_delays_completion_without_any_timeout(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A worker's settle waits for the store however long it takes (no caller-side deadline)."""
+
+    async def hook(op: str, args: tuple[Any, ...]) -> None:
+        await trio.lowlevel.checkpoint()
+        if op == "transition" and args[2].kind is EventKind.COMPLETED:
+            await trio.sleep(90)
+
+    env = await start_env(
+        nursery,
+        task_support={"quick": "required"},
+        store=lambda m: HookedStore(m, hook),
+        runner_options={"lease_ms": 120_000},
+    )
+
+    @env.app.tool()
+    async def quick() -> str:
+        """Returns at once."""
+        return "quick"
+
+    task_id = await env.create("quick")
+    await trio.sleep(89)
+    assert (await env.get(task_id))["status"] == "working"
+    detail = await env.wait_status(task_id, "completed")
+    assert detail["lastUpdatedAt"] == format_instant(START_US + 90_000_000)
+    assert env.history_kinds(task_id) == ["completed"]
+
+
+# -- runner-level odds and ends -----------------------------------------------------------------
+
+
+@pytest.mark.contract("tasks-extension-lifecycle")
+async def test_runner_refuses_work_when_not_running_and_validates_options() -> None:
+    store = MemoryStore(scope="shared")
+    runner = Runner(store)
+    from tritask.tasks.runner import RunnerNotRunning
+
+    with pytest.raises(RunnerNotRunning):
+        await create_raw(store, runner, "t1")
+    for options in (
+        {"lease_ms": 0},
+        {"lease_ms": 1_000, "heartbeat_ms": 1_000},
+        {"max_jobs": 0},
+        {"owner_id": ""},
+        {"recovery_batch_size": 0},
+    ):
+        with pytest.raises(ValueError):
+            Runner(store, **options)  # type: ignore[arg-type]
+    assert ANONYMOUS.principal is None
