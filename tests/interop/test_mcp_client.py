@@ -50,7 +50,8 @@ async def connect(transport: str, tmp_path: Path, **options: Any) -> AsyncIterat
                 args=["-m", "tritask", "serve", f"{APP_PATH}:app", "--stdio", "--store", "memory:"],
                 cwd=tmp_path,
             )
-        async with Client(server, mode="2026-07-28", **options) as client:
+        options.setdefault("mode", "2026-07-28")
+        async with Client(server, **options) as client:
             yield client
         nursery.cancel_scope.cancel()
 
@@ -79,6 +80,21 @@ async def test_lists_and_calls_tools(transport: str, tmp_path: Path) -> None:
             assert result.structured_content == {"sum": 42}
             assert result.content == [types.TextContent(type="text", text='{"sum":42}')]
             assert result.meta == SERVER_INFO
+
+
+async def test_auto_mode_discovers_the_server(transport: str, tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with connect(transport, tmp_path, mode="auto") as client:
+            assert client.protocol_version == "2026-07-28"
+            assert client.server_info == types.Implementation(
+                name="tritask-interop", version="1.2.3"
+            )
+            assert client.instructions == "Interop fixture."
+            assert client.server_capabilities == types.ServerCapabilities(
+                tools=types.ToolsCapability(list_changed=True),
+                prompts=types.PromptsCapability(list_changed=True),
+                resources=types.ResourcesCapability(subscribe=True, list_changed=True),
+            )
 
 
 async def test_progress_reaches_the_callback(transport: str, tmp_path: Path) -> None:
