@@ -1,0 +1,1040 @@
+"""``SqliteStore``: the embedded durable task store (stdlib ``sqlite3`` driven from trio).
+
+How it works, and why:
+
+* **One connection, one hop per operation.** Every operation is ONE ``trio.to_thread.run_sync``
+  call running a whole transaction, and the store's ``trio.Lock`` (FIFO) hands the connection to
+  one operation at a time, in arrival order. A trio cancellation while the thread runs calls
+  ``Connection.interrupt()`` from a sibling task, waits for the thread to come back (the
+  transaction is rolled back), then raises ``Cancelled``; the connection stays usable. An
+  operation that committed before the interrupt landed returns its result instead (trio's rule:
+  ``Cancelled`` means it did not happen).
+* **``BEGIN IMMEDIATE`` for every write.** The write reservation is taken before the row or the
+  clock is read, so every decision is made on the latest committed state and a read→write
+  upgrade can never fail with ``SQLITE_BUSY`` outside ``busy_timeout``. Reads use deferred
+  transactions so WAL readers in other processes proceed in parallel. ``SQLITE_BUSY`` after the
+  timeout is :class:`~tritask.tasks.store.DatabaseBusy` (safe to retry).
+* **Stored time.** Production reads SQLite's clock (``'now'``, millisecond resolution) inside
+  the transaction, so every process sharing the file decides leases, ``retry_at`` and TTLs on
+  the same clock. ``clock=`` injects a clock for tests; it is called in the worker thread, inside
+  the transaction, so it must be thread-safe and must not need trio (``ManualClock`` does,
+  ``TrioClock`` does not). Commit times strictly increase per task:
+  ``committed_at = max(now, last_updated_at + 1 ms)`` as in the memory store (the clock has
+  millisecond resolution, so wire times keep their ``.mmmZ`` form).
+* **Storage.** The aggregate is the v3 record JSON plus typed projection columns; every read
+  decodes the record and checks the projections and the claim shape against it
+  (:class:`~tritask.tasks.store.CorruptStore` on any mismatch, nothing is repaired). Every
+  applied event is a ledger row (event JSON, kind, revision, commit time, effects JSON), used for
+  event-id replay and kept for audit (:meth:`SqliteStore.history`, :meth:`SqliteStore.audit`).
+  Scopes are stored as canonical JSON (``{"value":…,"version":1}``, sorted keys, ASCII), so text
+  equality is JSON equality, the same rule as the memory store; reads verify the canonical form.
+* **Processes and boot epochs.** Every opener takes an ``flock`` on ``PATH.lock`` for the
+  store's life: shared by default (several processes on one host may share the file),
+  exclusive with ``exclusive=True``. An exclusive opener advances the persisted boot epoch;
+  claims of an earlier epoch belong to a process that is provably gone (it would still hold its
+  lock), so they are reclaimable at once at generation + 1, and accesses and leases, which carry
+  the epoch, stop working. A shared opener cannot observe an epoch change during its life, so it
+  never fences a healthy claim of another process.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sqlite3
+import sys
+import uuid
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, Final, Literal, Self, TypeVar, final
+
+import attrs
+import outcome
+import trio
+
+from tritask.tasks._time import Clock
+from tritask.tasks.events import Effects, Event, effects_from_json, effects_to_json
+from tritask.tasks.model import (
+    CorruptRecord,
+    Snapshot,
+    Task,
+    initial_snapshot,
+    snapshot_from_json,
+    snapshot_to_json,
+)
+from tritask.tasks.reducer import apply
+from tritask.tasks.store import (
+    NOT_FOUND,
+    REQUEST_KINDS,
+    UNAVAILABLE,
+    WORKER_KINDS,
+    Access,
+    Action,
+    AlreadyExists,
+    Authority,
+    CapacityExceeded,
+    Claimed,
+    Conflict,
+    CorruptStore,
+    DatabaseBusy,
+    Deferred,
+    EventIdReused,
+    InvalidTask,
+    Lease,
+    NotFound,
+    RequestAuthority,
+    Scope,
+    StaleLease,
+    StoreError,
+    Transition,
+    UnauthorizedAction,
+    Unavailable,
+    WorkerAuthority,
+    require_scope,
+    resolve_scope,
+)
+from tritask.tasks.work import Work, canonical_json
+from tritask_sqlite import schema
+
+__all__ = ["AuditFinding", "AuditPage", "LedgerEntry", "SqliteStore", "StoreLocked"]
+
+T = TypeVar("T")
+
+RECORD_VERSION: Final = 3
+MAX_AUDIT_PAGE: Final = 10_000
+_COMMIT_STEP_US = 1000
+_READ_ACTIONS = frozenset({Action.GET, Action.UPDATE, Action.CANCEL})
+_SYNCHRONOUS = ("NORMAL", "FULL", "EXTRA")
+_ACTIVE = "status IN ('working', 'input_required')"
+_NOW_SQL = (
+    "SELECT CAST(strftime('%s', 'now') AS INTEGER) * 1000000"
+    " + CAST(substr(strftime('%f', 'now'), 4) AS INTEGER) * 1000"
+)
+_COLUMNS = (
+    "task_id, record_version, record, scope, revision, status, created_at_us, expires_at_us,"
+    " retry_at_us, claim_owner, claim_token, lease_generation, claim_expires_at_us, claim_epoch"
+)
+_SELECT = f"SELECT {_COLUMNS} FROM tritask_tasks"
+
+
+class StoreLocked(StoreError):
+    """Another process holds the store file's lock in a conflicting mode."""
+
+
+@attrs.frozen(kw_only=True)
+class LedgerEntry:
+    """One applied event as the ledger recorded it."""
+
+    event: Event
+    revision: int
+    committed_at: int
+    effects: Effects
+
+
+@attrs.frozen(kw_only=True)
+class AuditFinding:
+    task_id: str
+    reason: str
+
+
+@attrs.frozen(kw_only=True)
+class AuditPage:
+    """One page of :meth:`SqliteStore.audit`: the ids checked, what failed, the next cursor."""
+
+    checked: tuple[str, ...]
+    findings: tuple[AuditFinding, ...]
+    next_after: str | None
+
+
+@attrs.frozen
+class _Row:
+    """A decoded, validated task row."""
+
+    snapshot: Snapshot
+    scope: str
+    generation: int
+    claim: Lease | None
+
+
+@attrs.define
+class _Hop:
+    done: bool = False
+    interrupted: bool = False
+
+
+def _dump(value: object) -> str:
+    """The stored JSON text: sorted keys, compact, ASCII (any Python string survives UTF-8)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def _scope_text(key: str) -> str:
+    return _dump({"version": 1, "value": json.loads(key)})
+
+
+def _scope_key(text: object) -> str:
+    if not isinstance(text, str):
+        raise CorruptRecord("the scope column is not text")
+    envelope = json.loads(text)
+    if (
+        not isinstance(envelope, dict)
+        or set(envelope) != {"version", "value"}
+        or type(envelope["version"]) is not int
+        or envelope["version"] != 1
+    ):
+        raise CorruptRecord("the scope is not a version-1 scope envelope")
+    if _dump(envelope) != text:
+        raise CorruptRecord("the scope is not in canonical form")
+    return canonical_json(envelope["value"])
+
+
+def _same(column: object, value: object) -> bool:
+    """Exact equality for projections (``1``, ``1.0`` and ``True`` all differ)."""
+    return type(column) is type(value) and column == value
+
+
+def _expired(snapshot: Snapshot, now: int) -> bool:
+    expires_at = snapshot.task.expires_at
+    return expires_at is not None and now >= expires_at
+
+
+def _instant(now: object) -> int:
+    if type(now) is not int:
+        raise TypeError("the store clock must return an int of microseconds")
+    return now
+
+
+def _positive_int(value: object, name: str) -> int:
+    if type(value) is not int or value <= 0:
+        raise ValueError(f"{name} must be a positive int")
+    return value
+
+
+def _limit(value: object, name: str) -> int | None:
+    return None if value is None else _positive_int(value, f"{name} (or None for unlimited)")
+
+
+def _owner(value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError("owner_id must be a non-empty string")
+    return value
+
+
+def _database_path(path: str | os.PathLike[str]) -> str:
+    text = os.fspath(path)
+    if not isinstance(text, str):
+        raise TypeError("the SQLite store path must be a str or an os.PathLike[str]")
+    if text in ("", ":memory:") or text.startswith("file::memory:"):
+        raise ValueError(
+            f"the SQLite store needs a database file, not {text!r}: an in-memory database is "
+            "not durable (use the memory: store instead)"
+        )
+    return os.path.realpath(text)
+
+
+if sys.platform == "win32":  # pragma: no cover - tritask's durable store targets POSIX hosts
+
+    def _lock_file(path: str, *, exclusive: bool) -> int | None:
+        if exclusive:
+            raise StoreLocked("exclusive=True needs POSIX flock; open with exclusive=False")
+        return None
+
+else:
+    import fcntl
+
+    def _lock_file(path: str, *, exclusive: bool) -> int | None:
+        """Hold ``PATH.lock`` for the store's life: one exclusive opener, or any shared ones.
+
+        The kernel drops the lock when the process dies, which is what lets an exclusive
+        successor treat every earlier claim as dead. Lock files are never deleted (unlinking one
+        while another process holds it would let two "exclusive" owners coexist).
+        """
+        lock_path = path + ".lock"
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StoreLocked(
+                f"{path!r} is locked by another process ({lock_path}): "
+                + (
+                    "an exclusive store needs it to itself; stop the other process first"
+                    if exclusive
+                    else "it is open exclusively (tritask serve); stop it or share it by "
+                    "opening every store with exclusive=False"
+                )
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+
+def _close(conn: sqlite3.Connection | None, lock_fd: int | None) -> None:
+    try:
+        if conn is not None:
+            conn.close()
+    finally:
+        if lock_fd is not None:
+            os.close(lock_fd)
+
+
+async def _interrupt_on_cancel(conn: sqlite3.Connection, hop: _Hop) -> None:
+    """Sleep until the hop ends or the caller is cancelled; on the latter, interrupt SQLite.
+
+    The ``Cancelled`` is not re-raised here: the caller's own checkpoint after the thread
+    returns raises it (cancellation is level-triggered), so nothing is lost, and the caller gets
+    a plain ``Cancelled`` instead of an exception group.
+    """
+    try:
+        await trio.sleep_forever()
+    except trio.Cancelled:
+        if not hop.done:
+            hop.interrupted = True
+            conn.interrupt()
+
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    return exc.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+@final
+class SqliteStore:
+    """The durable store on one SQLite file. ``scope`` is required; limits accept ``None``.
+
+    Open it with ``async with`` (or ``await store.open()`` and ``await store.aclose()``).
+    Options: ``clock`` (tests only: µs readings; production uses the database clock),
+    ``exclusive`` (lock the file to this process and advance the boot epoch),
+    ``synchronous`` (``"FULL"``: a commit survives power loss; ``"NORMAL"``: faster, survives
+    application crashes), ``busy_timeout_ms`` (how long a write waits for another process's
+    writer), ``reap_batch_size`` (aggregates deleted per :meth:`reap`).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        scope: Scope | None = None,
+        clock: Clock | None = None,
+        exclusive: bool = False,
+        synchronous: str = "FULL",
+        busy_timeout_ms: int = 5000,
+        max_tasks: int | None = 10_000,
+        max_active_tasks_per_scope: int | None = 100,
+        reap_batch_size: int = 500,
+    ) -> None:
+        self._path = _database_path(path)
+        self._scope = require_scope(scope, store="SqliteStore")
+        if clock is not None and not callable(clock):
+            raise TypeError("clock must be None (the database clock) or a callable returning µs")
+        self._clock = clock
+        if not isinstance(exclusive, bool):
+            raise TypeError("exclusive must be a bool")
+        self._exclusive = exclusive
+        if not isinstance(synchronous, str) or synchronous.upper() not in _SYNCHRONOUS:
+            raise ValueError(
+                f"synchronous must be one of {', '.join(_SYNCHRONOUS)} (OFF would lose "
+                "committed claims and results on power loss)"
+            )
+        self._synchronous = synchronous.upper()
+        self._busy_timeout_ms = _positive_int(busy_timeout_ms, "busy_timeout_ms")
+        self._max_tasks = _limit(max_tasks, "max_tasks")
+        self._max_active = _limit(max_active_tasks_per_scope, "max_active_tasks_per_scope")
+        self._reap_batch = _positive_int(reap_batch_size, "reap_batch_size")
+        self._lock = trio.Lock()
+        self._state: Literal["new", "open", "closed"] = "new"
+        self._conn: sqlite3.Connection | None = None
+        self._lock_fd: int | None = None
+        self._store_uuid = ""
+        self._epoch = 0
+        self._id = ""
+
+    def __repr__(self) -> str:
+        mode = "exclusive" if self._exclusive else "shared"
+        return f"<SqliteStore {self._path!r} {mode} {self._state} epoch={self._epoch}>"
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @property
+    def store_id(self) -> str:
+        """The store's persisted UUID (empty until opened)."""
+        return self._store_uuid
+
+    @property
+    def boot_epoch(self) -> int:
+        """The boot epoch this store runs in (advanced by every exclusive open)."""
+        return self._epoch
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def open(self) -> Self:
+        """Lock, inspect (refusing foreign or newer files untouched), migrate, then serve."""
+        if self._state != "new":
+            raise RuntimeError(f"a SqliteStore opens once (this one is {self._state})")
+        async with self._lock:
+            conn, lock_fd, info = await trio.to_thread.run_sync(self._open_sync)
+            if self._closed():  # aclose() ran while the thread was opening
+                await trio.to_thread.run_sync(_close, conn, lock_fd)
+                raise trio.ClosedResourceError("the store was closed while opening")
+            self._conn, self._lock_fd = conn, lock_fd
+            self._store_uuid, self._epoch = info.store_id, info.boot_epoch
+            self._id = self._instance_id(info.boot_epoch)
+            self._state = "open"
+        return self
+
+    def _instance_id(self, epoch: int) -> str:
+        """The identity accesses and leases carry: the store's UUID and a boot epoch."""
+        return f"sqlite:{self._store_uuid}/{epoch}"
+
+    def _open_sync(self) -> tuple[sqlite3.Connection, int | None, schema.SchemaInfo]:
+        lock_fd = _lock_file(self._path, exclusive=self._exclusive)
+        conn: sqlite3.Connection | None = None
+        try:
+            conn = sqlite3.connect(
+                self._path,
+                timeout=self._busy_timeout_ms / 1000,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+            conn.execute("PRAGMA foreign_keys = ON")
+            conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+            schema.inspect(conn, self._path)  # read-only: refuse before writing anything
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise schema.StoreSchemaError(
+                    f"{self._path!r} cannot use WAL journaling (got {mode!r}); a network or "
+                    "read-only filesystem cannot host the store"
+                )
+            info = schema.install(conn, self._path, advance_epoch=self._exclusive)
+            if conn.execute("PRAGMA foreign_keys").fetchone()[0] != 1:
+                raise schema.StoreSchemaError("this SQLite build cannot enforce foreign keys")
+            return conn, lock_fd, info
+        except BaseException:
+            _close(conn, lock_fd)
+            raise
+
+    async def aclose(self) -> None:
+        """Close the connection and drop the file lock; waits for a running operation."""
+        if self._state == "closed":
+            await trio.lowlevel.checkpoint()
+            return
+        self._state = "closed"
+        with trio.CancelScope(shield=True):
+            async with self._lock:
+                conn, lock_fd = self._conn, self._lock_fd
+                self._conn = self._lock_fd = None
+                if conn is not None or lock_fd is not None:
+                    await trio.to_thread.run_sync(_close, conn, lock_fd)
+
+    async def __aenter__(self) -> Self:
+        if self._state == "new":
+            await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def _closed(self) -> bool:
+        return self._state == "closed"
+
+    def _ensure_open(self) -> None:
+        if self._state == "new":
+            raise trio.ClosedResourceError("the store is not open: use `async with store`")
+        if self._state == "closed":
+            raise trio.ClosedResourceError("the store is closed")
+
+    # -- the thread hop -----------------------------------------------------------------------
+
+    async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn(connection)`` in a worker thread: one hop, interrupted on cancellation."""
+        async with self._lock:
+            self._ensure_open()
+            conn = self._conn
+            assert conn is not None
+            hop = _Hop()
+
+            async def in_thread() -> T:
+                return await trio.to_thread.run_sync(fn, conn)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_interrupt_on_cancel, conn, hop)
+                with trio.CancelScope(shield=True):
+                    result = await outcome.acapture(in_thread)
+                hop.done = True
+                nursery.cancel_scope.cancel()
+        if hop.interrupted and isinstance(result, outcome.Error):
+            await trio.lowlevel.checkpoint()  # raises the caller's Cancelled
+        return result.unwrap()
+
+    async def _transact(self, body: Callable[[sqlite3.Connection, int], T], *, write: bool) -> T:
+        return await self._call(functools.partial(self._transaction, body, write))
+
+    def _transaction(
+        self, body: Callable[[sqlite3.Connection, int], T], write: bool, conn: sqlite3.Connection
+    ) -> T:
+        """One transaction in the worker thread: ``body(conn, now)``, then COMMIT or ROLLBACK."""
+        try:
+            if conn.in_transaction:  # never build on what an earlier failure left behind
+                conn.execute("ROLLBACK")
+            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            try:
+                result = body(conn, self._read_clock(conn))
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        except sqlite3.OperationalError as exc:
+            if _is_busy(exc):
+                raise DatabaseBusy(f"the database stayed locked by another writer: {exc}") from exc
+            raise
+        return result
+
+    def _read_clock(self, conn: sqlite3.Connection) -> int:
+        if self._clock is not None:
+            return _instant(self._clock())
+        return _instant(conn.execute(_NOW_SQL).fetchone()[0])
+
+    async def now(self) -> int:
+        """The store's clock (µs): the database's, or the injected test clock."""
+        self._ensure_open()
+        if self._clock is None:
+            return await self._call(self._read_clock)
+        await trio.lowlevel.checkpoint()
+        return _instant(self._clock())
+
+    # -- rows ---------------------------------------------------------------------------------
+
+    def _load(self, conn: sqlite3.Connection, task_id: str) -> _Row | None:
+        raw = conn.execute(f"{_SELECT} WHERE task_id = ?", (task_id,)).fetchone()
+        return None if raw is None else self._decode(raw)
+
+    def _decode(self, raw: tuple[Any, ...]) -> _Row:
+        """Decode a row and check every projection and the claim shape against the record."""
+        (task_id, record_version, record, scope, revision, status, created_at, expires_at) = raw[:8]
+        (retry_at, owner, token, generation, claim_expires_at, claim_epoch) = raw[8:]
+        try:
+            if not isinstance(record, str):
+                raise CorruptRecord("the record column is not text")
+            snapshot = snapshot_from_json(json.loads(record))
+            task = snapshot.task
+            for column, stored, actual in (
+                ("task_id", task_id, task.id),
+                ("record_version", record_version, RECORD_VERSION),
+                ("revision", revision, snapshot.revision),
+                ("status", status, task.status.value),
+                ("created_at_us", created_at, task.created_at),
+                ("expires_at_us", expires_at, task.expires_at),
+                ("retry_at_us", retry_at, snapshot.retry_at),
+            ):
+                if not _same(stored, actual):
+                    raise CorruptRecord(f"the {column} column disagrees with the record")
+            if type(generation) is not int or generation < 0:
+                raise CorruptRecord("lease_generation is not an int >= 0")
+            claim: Lease | None = None
+            if (owner, token, claim_expires_at, claim_epoch) != (None, None, None, None):
+                if not (
+                    isinstance(owner, str)
+                    and owner
+                    and isinstance(token, str)
+                    and len(token) == 36
+                    and type(claim_expires_at) is int
+                    and type(claim_epoch) is int
+                    and generation > 0
+                ):
+                    raise CorruptRecord("the claim columns are not a valid claim")
+                claim = Lease(
+                    store_id=self._instance_id(claim_epoch),
+                    task_id=task.id,
+                    owner_id=owner,
+                    token=token,
+                    generation=generation,
+                    expires_at=claim_expires_at,
+                    epoch=claim_epoch,
+                )
+            return _Row(snapshot, _scope_key(scope), generation, claim)
+        except (ValueError, TypeError) as exc:  # CorruptRecord and CodecError are ValueErrors
+            raise CorruptStore(str(task_id), str(exc)) from exc
+
+    def _ledger(self, conn: sqlite3.Connection, row: _Row) -> list[LedgerEntry]:
+        """The task's whole ledger, validated against itself and the record."""
+        task = row.snapshot.task
+        rows = conn.execute(
+            "SELECT event_id, row_format, event, event_kind, event_revision, committed_at_us,"
+            " effects FROM tritask_task_events WHERE task_id = ? ORDER BY event_revision",
+            (task.id,),
+        ).fetchall()
+        entries: list[LedgerEntry] = []
+        previous = task.created_at
+        try:
+            for expected, (
+                event_id,
+                row_format,
+                event_text,
+                kind,
+                revision,
+                at,
+                effects,
+            ) in enumerate(rows, 1):
+                if row_format != 1 or not _same(revision, expected):
+                    raise CorruptRecord(f"ledger row {expected} has the wrong format or revision")
+                event = Event.from_json(json.loads(event_text))
+                if event.id != event_id or event.kind.value != kind:
+                    raise CorruptRecord(f"ledger row {expected} disagrees with its event")
+                if type(at) is not int or at <= previous:
+                    raise CorruptRecord("ledger commit times do not strictly increase")
+                previous = at
+                entries.append(
+                    LedgerEntry(
+                        event=event,
+                        revision=revision,
+                        committed_at=at,
+                        effects=effects_from_json(json.loads(effects)),
+                    )
+                )
+            if len(entries) != row.snapshot.revision:
+                raise CorruptRecord(
+                    f"the ledger holds {len(entries)} events for revision {row.snapshot.revision}"
+                )
+            if entries and entries[-1].committed_at != task.last_updated_at:
+                raise CorruptRecord("the last ledger commit time is not lastUpdatedAt")
+        except (ValueError, TypeError) as exc:
+            raise CorruptStore(task.id, f"ledger: {exc}") from exc
+        return entries
+
+    def _visible(
+        self, row: _Row | None, task_id: str, access: Access, now: int, allowed: frozenset[Action]
+    ) -> _Row | None:
+        """Visibility first (``None``: absent, other store/scope, expired), then the action."""
+        if (
+            row is None
+            or access.store_id != self._id
+            or access.scope != row.scope
+            or _expired(row.snapshot, now)
+        ):
+            return None
+        if access.task_id != task_id or access.action not in allowed:
+            raise UnauthorizedAction(f"a {access.action.value} access cannot do this")
+        return row
+
+    def _live(self, claim: Lease, now: int) -> bool:
+        """A claim is live until its deadline, and only if made in this boot epoch."""
+        return claim.epoch == self._epoch and now < claim.expires_at
+
+    def _check_lease(self, row: _Row, lease: object, now: int) -> None:
+        if (
+            not isinstance(lease, Lease)
+            or row.claim is None
+            or row.claim != lease
+            or not self._live(row.claim, now)
+        ):
+            raise StaleLease("the lease is not the live claim of this task")
+
+    def _lease_row(self, conn: sqlite3.Connection, lease: Lease) -> _Row:
+        if not isinstance(lease, Lease) or lease.store_id != self._id:
+            raise StaleLease("the lease is not from this store")
+        row = self._load(conn, lease.task_id)
+        if row is None:
+            raise StaleLease("the leased task no longer exists")
+        return row
+
+    # -- requests -----------------------------------------------------------------------------
+
+    async def authorize(self, ctx: object, action: Action, task_id: str) -> Access:
+        await trio.lowlevel.checkpoint()
+        self._ensure_open()
+        action = Action(action)
+        if not isinstance(task_id, str) or not task_id:
+            raise ValueError("a non-empty task id is required")
+        scope = resolve_scope(self._scope, ctx)
+        return Access(store_id=self._id, action=action, task_id=task_id, scope=scope)
+
+    async def create(self, task: Task, work: Work, access: Access) -> Snapshot:
+        self._ensure_open()
+        if not isinstance(access, Access):
+            raise TypeError("create needs an Access from authorize()")
+        if (
+            access.store_id != self._id
+            or access.action is not Action.CREATE
+            or access.task_id != getattr(task, "id", None)
+        ):
+            raise UnauthorizedAction("create needs a create access for this task from this store")
+        try:
+            document = snapshot_to_json(initial_snapshot(task, work))
+        except (TypeError, ValueError) as exc:
+            raise InvalidTask(str(exc)) from exc
+        scope = _scope_text(access.scope)
+
+        def body(conn: sqlite3.Connection, now: int) -> Snapshot:
+            if conn.execute("SELECT 1 FROM tritask_tasks WHERE task_id = ?", (task.id,)).fetchone():
+                raise AlreadyExists(task.id)
+            if self._max_tasks is not None:
+                (count,) = conn.execute("SELECT count(*) FROM tritask_tasks").fetchone()
+                if count >= self._max_tasks:
+                    raise CapacityExceeded("max_tasks")
+            if self._max_active is not None:
+                (active,) = conn.execute(
+                    f"SELECT count(*) FROM tritask_tasks WHERE scope = ? AND {_ACTIVE}", (scope,)
+                ).fetchone()
+                if active >= self._max_active:
+                    raise CapacityExceeded("max_active_tasks_per_scope")
+            conn.execute(
+                "INSERT INTO tritask_tasks (task_id, record_version, record, scope, revision,"
+                " status, created_at_us, expires_at_us) VALUES (?, ?, ?, ?, 0, ?, ?, ?)",
+                (
+                    task.id,
+                    RECORD_VERSION,
+                    _dump(document),
+                    scope,
+                    task.status.value,
+                    task.created_at,
+                    task.expires_at,
+                ),
+            )
+            return snapshot_from_json(document)
+
+        return await self._transact(body, write=True)
+
+    async def get(self, task_id: str, access: Access) -> Snapshot | NotFound:
+        self._ensure_open()
+        if not isinstance(access, Access):
+            raise TypeError("request authority needs an Access from authorize()")
+
+        def body(conn: sqlite3.Connection, now: int) -> Snapshot | NotFound:
+            row = self._visible(self._load(conn, task_id), task_id, access, now, _READ_ACTIONS)
+            return NOT_FOUND if row is None else row.snapshot
+
+        return await self._transact(body, write=False)
+
+    # -- workers ------------------------------------------------------------------------------
+
+    async def worker_snapshot(self, task_id: str, lease: Lease) -> Snapshot | NotFound:
+        self._ensure_open()
+
+        def body(conn: sqlite3.Connection, now: int) -> Snapshot | NotFound:
+            row = self._load(conn, task_id)
+            if row is None:
+                return NOT_FOUND
+            self._check_lease(row, lease, now)
+            return row.snapshot
+
+        return await self._transact(body, write=False)
+
+    def _eligibility(self, row: _Row, now: int) -> Deferred | Unavailable | None:
+        """Reference 3.6 order; ``None`` means claimable now."""
+        snapshot = row.snapshot
+        if snapshot.task.status.is_terminal or snapshot.work is None:
+            return UNAVAILABLE
+        if snapshot.retry_at is not None and snapshot.retry_at > now:
+            return Deferred(-(-(snapshot.retry_at - now) // 1000))
+        if row.claim is not None and self._live(row.claim, now):
+            return UNAVAILABLE
+        return None
+
+    def _grant(
+        self, conn: sqlite3.Connection, row: _Row, owner_id: str, lease_ms: int, now: int
+    ) -> Claimed:
+        lease = Lease(
+            store_id=self._id,
+            task_id=row.snapshot.task.id,
+            owner_id=owner_id,
+            token=str(uuid.uuid4()),
+            generation=row.generation + 1,
+            expires_at=now + lease_ms * 1000,
+            epoch=self._epoch,
+        )
+        conn.execute(
+            "UPDATE tritask_tasks SET claim_owner = ?, claim_token = ?, lease_generation = ?,"
+            " claim_expires_at_us = ?, claim_epoch = ? WHERE task_id = ?",
+            (
+                lease.owner_id,
+                lease.token,
+                lease.generation,
+                lease.expires_at,
+                lease.epoch,
+                lease.task_id,
+            ),
+        )
+        return Claimed(row.snapshot, lease)
+
+    async def claim(
+        self, task_id: str, owner_id: str, lease_ms: int
+    ) -> Claimed | Deferred | Unavailable | NotFound:
+        self._ensure_open()
+        owner_id, lease_ms = _owner(owner_id), _positive_int(lease_ms, "lease_ms")
+
+        def body(conn: sqlite3.Connection, now: int) -> Claimed | Deferred | Unavailable | NotFound:
+            row = self._load(conn, task_id)
+            if row is None:
+                return NOT_FOUND
+            verdict = self._eligibility(row, now)
+            return self._grant(conn, row, owner_id, lease_ms, now) if verdict is None else verdict
+
+        return await self._transact(body, write=True)
+
+    async def claim_next(self, owner_id: str, lease_ms: int) -> Claimed | None:
+        """The first claimable task by ``(created_at, task_id)``.
+
+        SQLite cannot skip locked rows; it does not need to: the IMMEDIATE transaction already
+        holds the single write slot, so the oldest available task is taken.
+        """
+        self._ensure_open()
+        owner_id, lease_ms = _owner(owner_id), _positive_int(lease_ms, "lease_ms")
+
+        def body(conn: sqlite3.Connection, now: int) -> Claimed | None:
+            cursor = conn.execute(
+                f"{_SELECT} WHERE {_ACTIVE}"
+                " AND (retry_at_us IS NULL OR retry_at_us <= :now)"
+                " AND (claim_token IS NULL OR claim_expires_at_us <= :now"
+                "      OR claim_epoch <> :epoch)"
+                " ORDER BY created_at_us, task_id",
+                {"now": now, "epoch": self._epoch},
+            )
+            try:
+                for raw in cursor:
+                    row = self._decode(raw)
+                    if self._eligibility(row, now) is None:
+                        break
+                else:
+                    return None
+            finally:
+                cursor.close()
+            return self._grant(conn, row, owner_id, lease_ms, now)
+
+        return await self._transact(body, write=True)
+
+    async def renew(self, lease: Lease, lease_ms: int) -> Lease:
+        """Extend a live claim; a fresh token makes the old value stale even at the same instant."""
+        self._ensure_open()
+        lease_ms = _positive_int(lease_ms, "lease_ms")
+
+        def body(conn: sqlite3.Connection, now: int) -> Lease:
+            row = self._lease_row(conn, lease)
+            self._check_lease(row, lease, now)
+            renewed = attrs.evolve(lease, token=str(uuid.uuid4()), expires_at=now + lease_ms * 1000)
+            conn.execute(
+                "UPDATE tritask_tasks SET claim_token = ?, claim_expires_at_us = ?"
+                " WHERE task_id = ?",
+                (renewed.token, renewed.expires_at, renewed.task_id),
+            )
+            return renewed
+
+        return await self._transact(body, write=True)
+
+    async def release(self, lease: Lease) -> None:
+        self._ensure_open()
+
+        def body(conn: sqlite3.Connection, now: int) -> None:
+            row = self._lease_row(conn, lease)
+            if row.claim != lease:
+                raise StaleLease("the lease does not match the task's claim")
+            conn.execute(
+                "UPDATE tritask_tasks SET claim_owner = NULL, claim_token = NULL,"
+                " claim_expires_at_us = NULL, claim_epoch = NULL WHERE task_id = ?",
+                (lease.task_id,),
+            )
+
+        await self._transact(body, write=True)
+
+    # -- transitions --------------------------------------------------------------------------
+
+    async def transition(
+        self, task_id: str, expected_revision: int, event: Event, authority: Authority
+    ) -> Transition | Conflict | NotFound:
+        self._ensure_open()
+        if type(expected_revision) is not int:
+            raise TypeError("expected_revision must be an int")
+        if expected_revision < 0:
+            raise ValueError("expected_revision must be >= 0")
+        if not isinstance(event, Event):
+            raise TypeError("transition needs an Event")
+        if isinstance(authority, RequestAuthority):
+            if not isinstance(authority.access, Access):
+                raise TypeError("request authority needs an Access from authorize()")
+        elif not isinstance(authority, WorkerAuthority):
+            raise TypeError("authority must be RequestAuthority or WorkerAuthority")
+        event_json = canonical_json(event.to_json())
+
+        def body(conn: sqlite3.Connection, now: int) -> Transition | Conflict | NotFound:
+            row = self._load(conn, task_id)
+            if row is None:
+                return NOT_FOUND
+            if isinstance(authority, RequestAuthority):
+                allowed = frozenset(a for a, kinds in REQUEST_KINDS.items() if event.kind in kinds)
+                if self._visible(row, task_id, authority.access, now, allowed) is None:
+                    return NOT_FOUND
+            else:
+                self._check_lease(row, authority.lease, now)
+                if event.kind not in WORKER_KINDS:
+                    raise UnauthorizedAction(f"a worker lease cannot apply {event.kind.value}")
+            return self._apply(conn, row, expected_revision, event, event_json, now)
+
+        return await self._transact(body, write=True)
+
+    def _apply(
+        self,
+        conn: sqlite3.Connection,
+        row: _Row,
+        expected_revision: int,
+        event: Event,
+        event_json: str,
+        now: int,
+    ) -> Transition | Conflict:
+        """Replay check, then the revision check, then the reducer and one atomic write."""
+        snapshot = row.snapshot
+        task_id = snapshot.task.id
+        seen = conn.execute(
+            "SELECT 1 FROM tritask_task_events WHERE task_id = ? AND event_id = ?",
+            (task_id, event.id),
+        ).fetchone()
+        if seen is not None:
+            original = next(e for e in self._ledger(conn, row) if e.event.id == event.id)
+            if canonical_json(original.event.to_json()) != event_json:
+                raise EventIdReused(event.id)
+            return Transition(
+                outcome="duplicate",
+                snapshot=snapshot,
+                effects=original.effects,
+                event_revision=original.revision,
+                committed_at=original.committed_at,
+            )
+        if snapshot.revision != expected_revision:
+            return Conflict(snapshot)
+        committed_at = max(now, snapshot.task.last_updated_at + _COMMIT_STEP_US)
+        result = apply(snapshot, event, committed_at)
+        if result.kind == "unchanged":
+            return Transition(
+                outcome="unchanged",
+                snapshot=snapshot,
+                effects=result.effects,
+                event_revision=snapshot.revision,
+                committed_at=committed_at,
+            )
+        new = result.snapshot
+        document = snapshot_to_json(new)
+        effects = effects_to_json(result.effects)
+        updated = conn.execute(
+            "UPDATE tritask_tasks SET record_version = ?, record = ?, revision = ?, status = ?,"
+            " retry_at_us = ? WHERE task_id = ? AND revision = ?",
+            (
+                RECORD_VERSION,
+                _dump(document),
+                new.revision,
+                new.task.status.value,
+                new.retry_at,
+                task_id,
+                snapshot.revision,
+            ),
+        )
+        if updated.rowcount != 1:
+            raise CorruptStore(task_id, "the row changed under the write reservation")
+        conn.execute(
+            "INSERT INTO tritask_task_events (task_id, event_id, event, event_kind,"
+            " event_revision, committed_at_us, effects) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                task_id,
+                event.id,
+                _dump(event.to_json()),
+                event.kind.value,
+                new.revision,
+                committed_at,
+                _dump(effects),
+            ),
+        )
+        return Transition(
+            outcome="applied",
+            snapshot=snapshot_from_json(document),
+            effects=effects_from_json(effects),
+            event_revision=new.revision,
+            committed_at=committed_at,
+        )
+
+    # -- expiry -------------------------------------------------------------------------------
+
+    async def reap(self) -> list[str]:
+        """Delete up to ``reap_batch_size`` expired aggregates with their ledgers (sorted ids).
+
+        Each row is validated first: a corrupt row fails the call instead of being deleted
+        unseen.
+        """
+        self._ensure_open()
+
+        def body(conn: sqlite3.Connection, now: int) -> list[str]:
+            rows = conn.execute(
+                f"{_SELECT} WHERE expires_at_us IS NOT NULL AND expires_at_us <= ?"
+                " ORDER BY expires_at_us, task_id LIMIT ?",
+                (now, self._reap_batch),
+            ).fetchall()
+            reaped = sorted(self._decode(raw).snapshot.task.id for raw in rows)
+            conn.executemany(
+                "DELETE FROM tritask_tasks WHERE task_id = ?", [(task_id,) for task_id in reaped]
+            )
+            return reaped
+
+        return await self._transact(body, write=True)
+
+    # -- audit --------------------------------------------------------------------------------
+
+    async def history(self, task_id: str) -> list[LedgerEntry]:
+        """The validated ledger of a stored task, in revision order (``[]`` when unknown).
+
+        An administrative read: no access is needed, and expired-but-unreaped tasks are shown.
+        """
+        self._ensure_open()
+
+        def body(conn: sqlite3.Connection, now: int) -> list[LedgerEntry]:
+            row = self._load(conn, task_id)
+            return [] if row is None else self._ledger(conn, row)
+
+        return await self._transact(body, write=False)
+
+    async def audit(self, *, limit: int = 1000, after: str | None = None) -> AuditPage:
+        """Validate a page of aggregates (record, projections, claim, ledger) by task id.
+
+        Pass ``next_after`` back as ``after`` to continue; it is ``None`` on the last page.
+        """
+        self._ensure_open()
+        if type(limit) is not int or not 1 <= limit <= MAX_AUDIT_PAGE:
+            raise ValueError(f"limit must be an int in 1..{MAX_AUDIT_PAGE}")
+        if after is not None and not isinstance(after, str):
+            raise TypeError("after must be a task id or None")
+
+        def body(conn: sqlite3.Connection, now: int) -> AuditPage:
+            raws = conn.execute(
+                f"{_SELECT} WHERE task_id > ? ORDER BY task_id LIMIT ?", (after or "", limit)
+            ).fetchall()
+            findings: list[AuditFinding] = []
+            for raw in raws:
+                try:
+                    self._ledger(conn, self._decode(raw))
+                except CorruptStore as exc:
+                    findings.append(AuditFinding(task_id=exc.task_id, reason=exc.reason))
+            checked = tuple(str(raw[0]) for raw in raws)
+            return AuditPage(
+                checked=checked,
+                findings=tuple(findings),
+                next_after=checked[-1] if len(checked) == limit else None,
+            )
+
+        return await self._transact(body, write=False)
+
+    async def integrity_check(self) -> list[str]:
+        """SQLite's own page-level and foreign-key checks; ``[]`` when the file is sound."""
+        self._ensure_open()
+
+        def check(conn: sqlite3.Connection) -> list[str]:
+            problems = [str(r[0]) for r in conn.execute("PRAGMA integrity_check").fetchall()]
+            problems = [p for p in problems if p != "ok"]
+            for table, rowid, parent, _ in conn.execute("PRAGMA foreign_key_check").fetchall():
+                problems.append(f"{table} row {rowid} references a missing {parent} row")
+            return problems
+
+        return await self._call(check)

@@ -1,0 +1,43 @@
+"""SqliteStore runs the whole reusable Store contract suite, one fresh database file per store."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+from tritask_sqlite import SqliteStore
+
+from tritask.tasks.store import DatabaseBusy, Scope, Store
+from tritask.testing.store_contract import ManualClock, StoreContract
+
+pytestmark = [
+    pytest.mark.contract("tasks-durable-store"),
+    pytest.mark.contract("tasks-store-hardening"),
+]
+
+
+class TestSqliteStoreContract(StoreContract):
+    @pytest.fixture(autouse=True)
+    def _database_dir(self, tmp_path: Path) -> None:
+        self._dir = tmp_path
+        self._names = itertools.count(1)
+
+    async def make_store(
+        self,
+        *,
+        scope: Scope,
+        clock: ManualClock,
+        max_tasks: int | None,
+        max_active_tasks_per_scope: int | None,
+    ) -> Store:
+        return SqliteStore(
+            self._dir / f"store-{next(self._names)}.db",
+            scope=scope,
+            clock=clock,
+            max_tasks=max_tasks,
+            max_active_tasks_per_scope=max_active_tasks_per_scope,
+        )
+
+    def retryable(self, exc: BaseException) -> bool:
+        return isinstance(exc, DatabaseBusy)
