@@ -1,0 +1,199 @@
+"""Store wrappers used by the workloads: a delegating proxy, a network partition, faults, counts.
+
+They wrap any :class:`~tritask.tasks.store.Store` through the protocol only, so the same
+workloads run unchanged on the memory, SQLite and PostgreSQL stores.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from types import TracebackType
+from typing import Any, Self
+
+import trio
+
+from tritask.tasks.events import Event
+from tritask.tasks.model import Snapshot, Task
+from tritask.tasks.store import (
+    Access,
+    Action,
+    Authority,
+    Claimed,
+    Conflict,
+    Deferred,
+    Lease,
+    NotFound,
+    Store,
+    Transition,
+    Unavailable,
+)
+from tritask.tasks.work import Work
+
+__all__ = ["FAULTS", "ConflictRetryingStore", "CountingStore", "PartitionedStore", "StoreProxy"]
+
+
+class StoreProxy:
+    """Delegates every Store operation to ``inner`` (and any other attribute, e.g. ``history``)."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def now(self) -> int:
+        return await self.inner.now()
+
+    async def authorize(self, ctx: object, action: Action, task_id: str) -> Access:
+        return await self.inner.authorize(ctx, action, task_id)
+
+    async def create(self, task: Task, work: Work, access: Access) -> Snapshot:
+        return await self.inner.create(task, work, access)
+
+    async def get(self, task_id: str, access: Access) -> Snapshot | NotFound:
+        return await self.inner.get(task_id, access)
+
+    async def worker_snapshot(self, task_id: str, lease: Lease) -> Snapshot | NotFound:
+        return await self.inner.worker_snapshot(task_id, lease)
+
+    async def claim(
+        self, task_id: str, owner_id: str, lease_ms: int
+    ) -> Claimed | Deferred | Unavailable | NotFound:
+        return await self.inner.claim(task_id, owner_id, lease_ms)
+
+    async def claim_next(self, owner_id: str, lease_ms: int) -> Claimed | None:
+        return await self.inner.claim_next(owner_id, lease_ms)
+
+    async def renew(self, lease: Lease, lease_ms: int) -> Lease:
+        return await self.inner.renew(lease, lease_ms)
+
+    async def release(self, lease: Lease) -> None:
+        await self.inner.release(lease)
+
+    async def reap(self) -> list[str]:
+        return await self.inner.reap()
+
+    async def transition(
+        self, task_id: str, expected_revision: int, event: Event, authority: Authority
+    ) -> Transition | Conflict | NotFound:
+        return await self.inner.transition(task_id, expected_revision, event, authority)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    async def __aenter__(self) -> Self:
+        await self.inner.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.inner.__aexit__(exc_type, exc, tb)
+
+
+class PartitionedStore(StoreProxy):
+    """One runner's view of the store in which lease renewals of chosen tasks hang.
+
+    It models a runner cut off from the database (or a stuck heartbeat): the renewal waits
+    until :meth:`heal`, by which time the lease has expired and another runner may own the task.
+    """
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self._cut: dict[str, trio.Event] = {}
+
+    def cut(self, task_id: str) -> None:
+        self._cut.setdefault(task_id, trio.Event())
+
+    def heal(self, task_id: str) -> None:
+        event = self._cut.pop(task_id, None)
+        if event is not None:
+            event.set()
+
+    async def renew(self, lease: Lease, lease_ms: int) -> Lease:
+        event = self._cut.get(lease.task_id)
+        if event is not None:
+            await event.wait()
+        return await self.inner.renew(lease, lease_ms)
+
+
+class ConflictRetryingStore(StoreProxy):
+    """A deliberately broken wrapper: it "helpfully" retries a conflicting write at the current
+    revision, so racing writers all commit. Used to prove that the harness catches it."""
+
+    async def transition(
+        self, task_id: str, expected_revision: int, event: Event, authority: Authority
+    ) -> Transition | Conflict | NotFound:
+        result = await self.inner.transition(task_id, expected_revision, event, authority)
+        if isinstance(result, Conflict) and not result.snapshot.task.status.is_terminal:
+            return await self.inner.transition(task_id, result.snapshot.revision, event, authority)
+        return result
+
+
+class LostReleaseStore(StoreProxy):
+    """A deliberately broken wrapper: ``release`` reports success without releasing."""
+
+    async def release(self, lease: Lease) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+FAULTS: dict[str, type[StoreProxy]] = {
+    "cas-retry-conflicts": ConflictRetryingStore,
+    "lost-release": LostReleaseStore,
+}
+"""``--fault NAME``: wrap the store under test in a known-broken wrapper."""
+
+
+class CountingStore(StoreProxy):
+    """Counts the store calls that write (the durable commits of a SQL store)."""
+
+    WRITES = ("create", "claim", "claim_next", "renew", "release", "transition", "reap")
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.calls: Counter[str] = Counter()
+
+    @property
+    def writes(self) -> int:
+        return sum(self.calls[name] for name in self.WRITES)
+
+    async def create(self, task: Task, work: Work, access: Access) -> Snapshot:
+        self.calls["create"] += 1
+        return await self.inner.create(task, work, access)
+
+    async def claim(
+        self, task_id: str, owner_id: str, lease_ms: int
+    ) -> Claimed | Deferred | Unavailable | NotFound:
+        self.calls["claim"] += 1
+        return await self.inner.claim(task_id, owner_id, lease_ms)
+
+    async def claim_next(self, owner_id: str, lease_ms: int) -> Claimed | None:
+        result = await self.inner.claim_next(owner_id, lease_ms)
+        if result is not None:
+            self.calls["claim_next"] += 1
+        return result
+
+    async def renew(self, lease: Lease, lease_ms: int) -> Lease:
+        self.calls["renew"] += 1
+        return await self.inner.renew(lease, lease_ms)
+
+    async def release(self, lease: Lease) -> None:
+        self.calls["release"] += 1
+        await self.inner.release(lease)
+
+    async def transition(
+        self, task_id: str, expected_revision: int, event: Event, authority: Authority
+    ) -> Transition | Conflict | NotFound:
+        result = await self.inner.transition(task_id, expected_revision, event, authority)
+        if isinstance(result, Transition) and result.outcome == "applied":
+            self.calls["transition"] += 1
+        return result
+
+    async def reap(self) -> list[str]:
+        reaped = await self.inner.reap()
+        if reaped:
+            self.calls["reap"] += 1
+        return reaped

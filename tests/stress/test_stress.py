@@ -1,0 +1,161 @@
+"""The stress workloads on the memory store, small sizes: invariants, determinism, faults."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stress.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(*argv: str) -> tuple[int, dict[str, Any]]:
+    """Run a stress command in-process the way the CLI does and return (status, report)."""
+    from stress import cli
+
+    args = build_parser().parse_args([*argv, "--json"])
+    reports: list[dict[str, Any]] = []
+    original = cli.dump_report
+    cli.dump_report = lambda report, stream=None: reports.append(dict(report))  # type: ignore[assignment]
+    try:
+        status = args.handler(args)
+    finally:
+        cli.dump_report = original
+    assert len(reports) == 1
+    return status, reports[0]
+
+
+def test_cas_invariants_hold_with_exact_figures() -> None:
+    status, report = run("cas", "--tasks", "4", "--writers", "5", "--depth", "3", "--seed", "11")
+    assert status == 0, report["invariants"]["failures"]
+    assert report["ok"] is True
+    assert report["schemaVersion"] == 1
+    assert set(report) == {"schemaVersion", "workload", "ok", "params", "invariants", "timings"}
+    inv = report["invariants"]
+    assert inv["attempts"] == 4 * 5 * 3
+    assert inv["applied"] == 12
+    assert inv["conflicts"] == 12 * 4
+    assert inv["unexpected"] == {}
+    assert inv["duplicatesReplayed"] == 12
+    assert inv["loserRetriesConflicted"] == 48
+    assert inv["eventIdReuseRefused"] == 12
+    assert inv["committedEvents"] == 12
+    assert inv["ledgerTasksChecked"] == 4
+    assert inv["terminalTasks"] == 4
+    assert sum(inv["finalStatuses"].values()) == 4
+    assert all(inv["checks"].values()) and inv["failures"] == []
+    assert report["params"]["clock"] == "mock"
+
+
+def test_runner_invariants_hold_for_every_kind() -> None:
+    status, report = run("runner", "--rounds", "2", "--batch", "9", "--seed", "3")
+    assert status == 0, report["invariants"]["failures"]
+    inv = report["invariants"]
+    kinds = inv["plannedKinds"]
+    assert set(kinds) == {
+        "complete",
+        "tool_error",
+        "fail",
+        "retry",
+        "input",
+        "cancel",
+        "lease_loss",
+    }
+    assert sum(kinds.values()) == 18
+    assert inv["started"] == inv["stopped"] == inv["expectedJobs"]
+    assert inv["jobsPerRunner"]["B"]["started"] == kinds["lease_loss"]
+    assert inv["peakJobs"]["A"] == 9
+    assert inv["trioTasksAtEnd"] == 0
+    assert inv["trioTasksBeforeRounds"] == inv["trioTasksAfterRounds"]
+    assert inv["stopOutcomes"]["A:fenced"] == kinds["lease_loss"]
+    assert inv["stopOutcomes"]["A:cancelled:not_settled"] == kinds["cancel"]
+    assert all(inv["checks"].values())
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("cas", "--tasks", "6", "--writers", "4"),
+        ("runner", "--rounds", "2", "--batch", "10"),
+    ],
+)
+def test_same_seed_gives_identical_invariants(argv: tuple[str, ...]) -> None:
+    first = run(*argv, "--seed", "42")[1]
+    second = run(*argv, "--seed", "42")[1]
+    other = run(*argv, "--seed", "43")[1]
+    assert json.dumps(first["invariants"], sort_keys=True) == json.dumps(
+        second["invariants"], sort_keys=True
+    )
+    assert first["ok"] and other["ok"]
+    assert first["params"]["seed"] == 42
+
+
+def test_a_broken_store_fails_the_invariants_with_exit_1() -> None:
+    status, report = run("cas", "--tasks", "2", "--writers", "3", "--fault", "cas-retry-conflicts")
+    assert status == 1
+    assert report["ok"] is False
+    assert report["invariants"]["checks"]["casExactlyOneWinnerPerRevision"] is False
+    assert report["invariants"]["checks"]["exactlyOneCommitPerRevision"] is False
+
+
+def test_a_stuck_workload_times_out_with_exit_1() -> None:
+    status, report = run(
+        "runner", "--rounds", "1", "--batch", "8", "--timeout-ms", "5000", "--fault", "lost-release"
+    )
+    assert status == 1
+    assert report["ok"] is False
+    assert "TooSlowError" in report["invariants"]["error"]
+
+
+def test_cli_prints_exactly_one_json_object_and_exit_status() -> None:
+    good = subprocess.run(
+        [sys.executable, "-m", "stress", "cas", "--json", "-T", "2", "-W", "2"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert good.returncode == 0, good.stderr
+    lines = good.stdout.splitlines()
+    assert len(lines) == 1
+    assert json.loads(lines[0])["ok"] is True
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stress",
+            "cas",
+            "--json",
+            "-T",
+            "2",
+            "-W",
+            "2",
+            "--fault",
+            "cas-retry-conflicts",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert bad.returncode == 1
+    assert json.loads(bad.stdout)["ok"] is False
+
+
+def test_text_output_without_json() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "stress", "runner", "-R", "1", "-N", "7"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.rstrip().endswith("Invariants: passed")
+    assert "\r" not in done.stderr  # no progress bar when stderr is not a terminal
