@@ -112,7 +112,13 @@ async def _history(store: Store, task_id: str) -> list[tuple[Any, ...]] | None:
     value = method(task_id)
     if inspect.isawaitable(value):
         value = await value
-    return [tuple(item) for item in value]
+    entries: list[tuple[Any, ...]] = []
+    for item in value:
+        if hasattr(item, "event") and hasattr(item, "revision"):
+            entries.append((item.event, item.revision, item.committed_at))
+        else:
+            entries.append(tuple(item))
+    return entries
 
 
 def _writer_event(task_id: str, r: int, w: int, step: str, outstanding: list[str]) -> Event:
