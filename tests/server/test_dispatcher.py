@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
 import pytest
+import trio
 
 from tritask.jsonrpc import InvalidParams, JSONValue, Request, dumps
 from tritask.protocol.headers import HeaderView
@@ -787,6 +788,44 @@ async def test_tool_error_is_an_is_error_result(app: App) -> None:
     assert result["isError"] is True
     assert result["content"] == [{"type": "text", "text": "no such city"}]
     assert result["resultType"] == "complete"
+
+
+async def test_tool_error_inside_a_nursery_is_still_an_is_error_result(
+    make_app: Callable[..., App],
+) -> None:
+    app = make_app()
+
+    @app.tool()
+    async def nested() -> str:
+        """Raise a domain error from a child task (trio wraps it in an ExceptionGroup)."""
+
+        async def fail() -> None:
+            raise ToolError("inner domain error")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fail)
+        return "unreachable"
+
+    @app.tool()
+    async def mixed() -> str:
+        """A ToolError beside a crash is a crash: -32603."""
+
+        async def fail_domain() -> None:
+            raise ToolError("domain")
+
+        async def crash() -> None:
+            raise RuntimeError("secret crash detail")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fail_domain)
+            nursery.start_soon(crash)
+        return "unreachable"
+
+    result = result_of(await call(app, "tools/call", {"name": "nested"}))
+    assert result["isError"] is True
+    assert result["content"] == [{"type": "text", "text": "inner domain error"}]
+    response = await call(app, "tools/call", {"name": "mixed"})
+    assert error_of(response, -32603) == {"code": -32603, "message": "Internal error"}
 
 
 async def test_handler_exception_is_a_safe_internal_error(

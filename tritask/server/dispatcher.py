@@ -255,6 +255,16 @@ class Dispatcher:
             )
         except ToolError as error:
             return self.shape(tool_error_result(str(error)))
+        except ExceptionGroup as group:
+            # A ToolError raised inside a tool's own nursery arrives wrapped (strict groups);
+            # it is still the tool's domain error when nothing else is in the group.
+            tool_errors, rest = group.split(ToolError)
+            if tool_errors is None or rest is not None:
+                raise
+            first = tool_errors.exceptions[0]
+            while isinstance(first, ExceptionGroup):
+                first = first.exceptions[0]
+            return self.shape(tool_error_result(str(first)))
         if isinstance(value, InputRequired):
             return self.shape(self.input_required_result(value, ctx))
         try:
