@@ -25,7 +25,7 @@ from tritask.tasks._time import TrioClock, format_instant, parse_instant
 from tritask.tasks.events import Event
 from tritask.tasks.executor import ExecutionToken, Outcome
 from tritask.tasks.extension import EXTENSION_ID, Tasks
-from tritask.tasks.instrumentation import RecordingInstrumentation
+from tritask.tasks.instrumentation import JOB_STOP, RecordingInstrumentation
 from tritask.tasks.memory import MemoryStore
 from tritask.tasks.model import Snapshot, new_task
 from tritask.tasks.runner import Runner
@@ -214,6 +214,23 @@ class Env:
 
     def now_iso(self) -> str:
         return format_instant(self.clock())
+
+
+async def wait_stops(
+    events: RecordingInstrumentation, task_id: str, count: int = 1
+) -> list[dict[str, Any]]:
+    """The job-stop metadata of ``task_id`` once ``count`` attempts have stopped.
+
+    A status change is visible as soon as it is committed, a moment before the attempt has
+    released its lease and emitted its stop event; this waits on checkpoints only, so trio's
+    clock does not move.
+    """
+    for _ in range(100_000):
+        found = [md for _, md in events.named(JOB_STOP) if md["task_id"] == task_id]
+        if len(found) >= count:
+            return found
+        await trio.lowlevel.checkpoint()
+    raise AssertionError(f"task {task_id} never stopped {count} time(s)")
 
 
 async def poll(

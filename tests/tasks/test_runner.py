@@ -19,6 +19,7 @@ from helpers import (
     create_raw,
     raw_snapshot,
     start_env,
+    wait_stops,
 )
 
 from tritask.server.context import Context
@@ -45,10 +46,6 @@ from tritask.tasks.store import (
 from tritask.tasks.work import RetryPolicy, Work
 
 ASK = elicitation("Proceed?", {"type": "object", "properties": {"ok": {"type": "boolean"}}})
-
-
-def stops(env_events: RecordingInstrumentation, task_id: str) -> list[dict[str, Any]]:
-    return [md for _, md in env_events.named(ins.JOB_STOP) if md["task_id"] == task_id]
 
 
 # -- heartbeats ---------------------------------------------------------------------------------
@@ -126,7 +123,7 @@ async def test_a_transient_renew_failure_does_not_crash_the_runner(
     assert {m["generation"] for m, _ in env.named(ins.LEASE_RENEWED)} == {1}
     assert len(env.named(ins.LEASE_RENEWED)) == 7  # t = 3..9 s
     assert env.named(ins.LEASE_LOST) == []
-    assert stops(env.events, task_id)[0]["outcome"] == "completed"
+    assert (await wait_stops(env.events, task_id))[0]["outcome"] == "completed"
 
 
 # -- replacement and fencing --------------------------------------------------------------------
@@ -178,7 +175,8 @@ async def test_stuck_attempt_is_torn_down_before_its_replacement_starts(
     assert log == [("start", 0, 0.0), ("exit", 0, 3.0), ("start", 1, 3.0), ("exit", 1, 3.0)]
     assert [m["generation"] for m, _ in env.named(ins.LEASE_CLAIMED)] == [1, 2]
     assert [m["generation"] for m, _ in env.named(ins.RECOVERY_RECLAIMED)] == [2]
-    assert [(md["outcome"], md["release_outcome"]) for md in stops(env.events, task_id)] == [
+    stopped = await wait_stops(env.events, task_id, 2)
+    assert [(md["outcome"], md["release_outcome"]) for md in stopped] == [
         ("reclaimed", "error"),  # its lease was already superseded: releasing it is refused
         ("completed", "ok"),
     ]
@@ -261,7 +259,7 @@ async def test_late_result_or_input_of_a_lapsed_attempt_is_fenced_across_runners
     assert detail["result"]["content"] == [{"type": "text", "text": "from B"}]
     assert attempts == [task_id, task_id]  # same idempotency key on every attempt
     go.set()
-    stop_a = await _wait_stop(env.events, task_id)
+    (stop_a,) = await wait_stops(env.events, task_id)
     assert env.history_kinds(task_id) == ["completed"]  # exactly one terminal commit
     assert await env.get(task_id) == detail
     fenced = env.named(ins.FENCED_WRITE_REJECTED)
@@ -278,15 +276,6 @@ async def test_late_result_or_input_of_a_lapsed_attempt_is_fenced_across_runners
     b_claims = [m["generation"] for m, _ in events_b.named(ins.LEASE_CLAIMED)]
     assert b_claims == [2]
     runner_b.stop()
-
-
-async def _wait_stop(events: RecordingInstrumentation, task_id: str) -> dict[str, Any]:
-    for _ in range(10_000):
-        found = [md for _, md in events.named(ins.JOB_STOP) if md["task_id"] == task_id]
-        if found:
-            return found[0]
-        await trio.sleep(0.01)
-    raise AssertionError("the job never stopped")
 
 
 # -- max runtime --------------------------------------------------------------------------------
@@ -318,7 +307,7 @@ async def test_max_runtime_fails_the_task_and_cancels_the_worker(
     assert detail["lastUpdatedAt"] == format_instant(START_US + 5_000_000)
     assert "result" not in detail
     assert cancelled_at == [5.0]
-    assert stops(env.events, task_id) == [
+    assert await wait_stops(env.events, task_id) == [
         {
             "task_id": task_id,
             "outcome": "max_runtime",
@@ -369,7 +358,7 @@ async def test_reaping_happens_exactly_at_created_at_plus_ttl(
     assert await env.runner.reap_once() == [task_id]
     assert cancelled_at == [6.0]
     assert env.runner.active_task_ids() == []
-    assert [md["outcome"] for md in stops(env.events, task_id)] == ["expired"]
+    assert [md["outcome"] for md in await wait_stops(env.events, task_id)] == ["expired"]
     assert await env.memory.claim(task_id, "anyone", 1_000) is NOT_FOUND
     assert env.memory.history(task_id) == []
     assert await env.error("tasks/get", {"taskId": task_id}) == unknown
@@ -537,7 +526,7 @@ async def test_cancel_waits_for_the_authoritative_answer_of_a_slow_store(
     assert detail["statusMessage"] == "Cancellation requested"
     assert detail["lastUpdatedAt"] == format_instant(START_US + int(delay * 1_000_000))
     assert env.history_kinds(task_id) == ["cancelled"]
-    assert [md["outcome"] for md in stops(env.events, task_id)] == ["cancelled"]
+    assert [md["outcome"] for md in await wait_stops(env.events, task_id)] == ["cancelled"]
 
 
 @pytest.mark.contract("tasks-store-hardening")

@@ -144,7 +144,7 @@ class ToolCallExecutor:
         try:
             result = await dispatcher.run_tool(prepared, ctx)
         except DuplicateInputKey as error:
-            message = f"Input key {error} was reused with a different request"
+            message = f"Input key {error.key!r} was reused with a different request"
             return Failed(internal_error(message), message)
         except JsonRpcError as error:
             return Failed(error.to_error(), error.message)
