@@ -1,0 +1,1041 @@
+"""``PostgresStore``: the Store contract on PostgreSQL, for runners on many hosts.
+
+Every operation is one transaction in one worker-thread hop (see ``_pool``), and decides on the
+database's clock: ``clock_timestamp()`` read *after* the row lock, so a call that waited for a
+lock never judges a lease or a retry deadline by a time from before the wait.
+
+* Transitions lock the row (``FOR UPDATE``), then read the clock and the event ledger in a new
+  statement (a new READ COMMITTED snapshot, so a replay committed while we waited is seen), check
+  authority, replay an already-committed event id *before* comparing revisions, run the shared
+  reducer in Python, and write the record, its projections and the ledger row in one statement.
+* ``claim_next`` takes the oldest claimable task by ``(created_at, task_id)`` with
+  ``FOR UPDATE SKIP LOCKED``, so concurrent claimers on any host get distinct tasks.
+* Leases are fenced: owner, random UUID token, generation (+1 on every claim) and exact expiry.
+* Limits are counted under a transaction-scoped advisory lock keyed on the schema, in a
+  statement that starts after the lock is granted (its snapshot includes the previous holder's
+  insert). With both limits unlimited, creation takes no lock.
+* Commits that make work appear or change a running attempt send ``NOTIFY`` in the same
+  transaction; ``wakeups()`` delivers them (see ``_wakeups``).
+* Every read decodes and validates the aggregate record and checks that the projection columns
+  agree with it; a mismatch raises :class:`~tritask.tasks.store.CorruptStore`. Nothing is
+  repaired.
+
+Time in tests: ``clock=`` replaces the database clock with a function (µs) whose reading is sent
+as a query parameter where production SQL calls ``clock_timestamp()``. It exists for the
+contract suite's deterministic time travel only; production leaves it unset.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import secrets
+import uuid
+from collections.abc import AsyncIterator, Callable
+from types import TracebackType
+from typing import Any, Final, NoReturn, Self, TypeVar
+
+import attrs
+import psycopg
+import trio
+from psycopg import sql
+
+from tritask.tasks._time import Clock
+from tritask.tasks.events import Effects, Event, EventKind, effects_from_json, effects_to_json
+from tritask.tasks.model import CorruptRecord, Snapshot, Task, initial_snapshot, snapshot_from_json
+from tritask.tasks.model import snapshot_to_json as _record_json
+from tritask.tasks.reducer import apply
+from tritask.tasks.store import (
+    NOT_FOUND,
+    REQUEST_KINDS,
+    UNAVAILABLE,
+    WORKER_KINDS,
+    Access,
+    Action,
+    AlreadyExists,
+    Authority,
+    CapacityExceeded,
+    Claimed,
+    Conflict,
+    CorruptStore,
+    DatabaseBusy,
+    Deferred,
+    EventIdReused,
+    InvalidTask,
+    Lease,
+    NotFound,
+    RequestAuthority,
+    Scope,
+    StaleLease,
+    Transition,
+    UnauthorizedAction,
+    Unavailable,
+    WorkerAuthority,
+    require_scope,
+    resolve_scope,
+)
+from tritask.tasks.work import CodecError, Work, canonical_json
+from tritask_postgres._migrations import check_schema, redact_dsn, resolve_schema
+from tritask_postgres._pool import ConnectionPool
+from tritask_postgres._wakeups import Wakeup, WakeupKind, listen, notify_payload
+
+__all__ = ["AuditFinding", "AuditPage", "LedgerEntry", "PostgresStore", "open_store"]
+
+T = TypeVar("T")
+Conn = psycopg.Connection[Any]
+
+CAPACITY_LOCK_CLASS: Final = 0x74726361
+"""First key of the capacity advisory lock ('trca'); the second is ``hashtext(schema)``."""
+_COMMIT_STEP_US: Final = 1
+_MAX_BIGINT: Final = 2**63 - 1
+_READ_ACTIONS: Final = frozenset({Action.GET, Action.UPDATE, Action.CANCEL})
+_ACTIVE: Final = "('working', 'input_required')"
+_BUSY_ERRORS: Final = (
+    psycopg.errors.LockNotAvailable,
+    psycopg.errors.DeadlockDetected,
+    psycopg.errors.SerializationFailure,
+    psycopg.errors.QueryCanceled,  # our statement_timeout (trio's own cancels become Cancelled)
+)
+MAX_AUDIT_PAGE: Final = 10_000
+_CLOCK_SQL: Final = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
+
+_COLUMNS: Final = (
+    "t.task_id, t.record::text, t.scope, t.revision, t.status, t.created_at_us, "
+    "t.expires_at_us, t.retry_at_us, t.claim_owner, t.claim_token::text, t.lease_generation, "
+    "t.claim_expires_at_us"
+)
+
+
+def _limit(value: object, name: str) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be a positive int or None (unlimited)")
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive int or None (unlimited)")
+    return value
+
+
+def _positive(value: object, name: str, unit: str = "") -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive int{unit}")
+    return value
+
+
+def _positive_ms(value: object, name: str) -> int:
+    return _positive(value, name, " of milliseconds")
+
+
+def _owner(value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError("owner_id must be a non-empty string")
+    return value
+
+
+def _scope_text(key: str) -> str:
+    """The persisted scope: the reference's versioned wrapper, as canonical JSON text.
+
+    ``key`` is already canonical JSON, so this equals ``canonical_json({"version": 1,
+    "value": ...})`` and text equality stays JSON equality.
+    """
+    return '{"value":' + key + ',"version":1}'
+
+
+@attrs.frozen(kw_only=True)
+class LedgerEntry:
+    """One applied event as the ledger recorded it."""
+
+    event: Event
+    revision: int
+    committed_at: int
+    effects: Effects
+
+
+@attrs.frozen(kw_only=True)
+class AuditFinding:
+    task_id: str
+    reason: str
+
+
+@attrs.frozen(kw_only=True)
+class AuditPage:
+    """One page of :meth:`PostgresStore.audit`: the ids checked, what failed, the next cursor."""
+
+    checked: tuple[str, ...]
+    findings: tuple[AuditFinding, ...]
+    next_after: str | None
+
+
+def _bigint(us: int | None) -> int | None:
+    """Instants beyond PostgreSQL's bigint (year 294,000) are stored as "never"."""
+    return None if us is None else min(us, _MAX_BIGINT)
+
+
+@attrs.frozen
+class _Row:
+    """One decoded, validated ``tasks`` row."""
+
+    snapshot: Snapshot
+    scope: str
+    claim_owner: str | None
+    claim_token: str | None
+    generation: int
+    claim_expires_at: int | None
+
+    @property
+    def task_id(self) -> str:
+        return self.snapshot.task.id
+
+    def expired(self, now: int) -> bool:
+        expires_at = self.snapshot.task.expires_at
+        return expires_at is not None and now >= expires_at
+
+
+def _decode_row(values: tuple[Any, ...]) -> _Row:
+    (
+        task_id,
+        record,
+        scope,
+        revision,
+        status,
+        created_at,
+        expires_at,
+        retry_at,
+        owner,
+        token,
+        generation,
+        claim_expires_at,
+    ) = values
+
+    def corrupt(reason: str) -> NoReturn:
+        raise CorruptStore(task_id, reason)
+
+    try:
+        snapshot = snapshot_from_json(json.loads(record))
+    except (CorruptRecord, CodecError, ValueError, TypeError) as exc:
+        corrupt(f"undecodable record: {exc}")
+    task = snapshot.task
+    if task.id != task_id:
+        corrupt("the record's task id differs from its row")
+    projections = {
+        "revision": (revision, snapshot.revision),
+        "status": (status, task.status.value),
+        "created_at_us": (created_at, task.created_at),
+        "expires_at_us": (expires_at, _bigint(task.expires_at)),
+        "retry_at_us": (retry_at, snapshot.retry_at),
+    }
+    for column, (stored, expected) in projections.items():
+        if stored != expected:
+            corrupt(f"projection {column} disagrees with the record")
+    claimed = (owner, token, claim_expires_at)
+    if any(v is None for v in claimed) and any(v is not None for v in claimed):
+        corrupt("partial claim columns")
+    if owner is not None and (not owner or generation <= 0):
+        corrupt("a claim without an owner or a generation")
+    if snapshot.work is None:
+        corrupt("a task without work")
+    return _Row(snapshot, scope, owner, token, generation, claim_expires_at)
+
+
+_LEDGER_COLUMNS: Final = (
+    "task_id, event_id, row_format, event::text, event_kind, event_revision, committed_at_us,"
+    " effects::text"
+)
+
+
+def _validate_ledger(row: _Row, rows: list[tuple[Any, ...]]) -> list[LedgerEntry]:
+    """The task's whole ledger, validated against itself and the record."""
+    task = row.snapshot.task
+    entries: list[LedgerEntry] = []
+    previous = task.created_at
+    try:
+        for expected, (_, event_id, row_format, text, kind, revision, at, effects) in enumerate(
+            rows, 1
+        ):
+            if row_format != 1 or revision != expected:
+                raise CorruptRecord(f"ledger row {expected} has the wrong format or revision")
+            event = Event.from_json(json.loads(text))
+            if event.id != event_id or event.kind.value != kind:
+                raise CorruptRecord(f"ledger row {expected} disagrees with its event")
+            if at <= previous:
+                raise CorruptRecord("ledger commit times do not strictly increase")
+            previous = at
+            entries.append(
+                LedgerEntry(
+                    event=event,
+                    revision=revision,
+                    committed_at=at,
+                    effects=effects_from_json(json.loads(effects)),
+                )
+            )
+        if len(entries) != row.snapshot.revision:
+            raise CorruptRecord(
+                f"the ledger holds {len(entries)} events for revision {row.snapshot.revision}"
+            )
+        if entries and entries[-1].committed_at != task.last_updated_at:
+            raise CorruptRecord("the last ledger commit time is not lastUpdatedAt")
+    except (ValueError, TypeError) as exc:  # CorruptRecord and CodecError are ValueErrors
+        raise CorruptStore(task.id, f"ledger: {exc}") from exc
+    return entries
+
+
+def _deferred_ms(retry_at: int, now: int) -> int:
+    return -(-(retry_at - now) // 1000)
+
+
+class PostgresStore:
+    """The PostgreSQL store. ``scope`` is required; limits accept ``None`` for unlimited.
+
+    Options: ``schema`` (default ``tritask``; also ``?schema=`` in the URL), ``pool_size``
+    connections (default 10, each used by one worker thread at a time), ``max_tasks`` (10,000)
+    and ``max_active_tasks_per_scope`` (100), ``reap_batch_size`` (500 per ``reap`` call),
+    ``lock_timeout_ms`` (5,000: a row lock not granted in time raises ``DatabaseBusy``),
+    ``statement_timeout_ms`` (15,000), ``connect_timeout_s`` (10) and ``application_name``
+    (``tritask``, shown in ``pg_stat_activity``). ``clock`` is a test hook (see the module
+    docstring): production reads time from the database.
+
+    The schema must have been migrated (``tritask migrate --store ...``); entering the store
+    checks its version and refuses a mismatch.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        scope: Scope | None = None,
+        schema: str | None = None,
+        pool_size: int = 10,
+        max_tasks: int | None = 10_000,
+        max_active_tasks_per_scope: int | None = 100,
+        reap_batch_size: int = 500,
+        lock_timeout_ms: int = 5_000,
+        statement_timeout_ms: int = 15_000,
+        connect_timeout_s: int = 10,
+        application_name: str = "tritask",
+        clock: Clock | None = None,
+    ) -> None:
+        self._scope = require_scope(scope, store="PostgresStore")
+        if not isinstance(dsn, str):
+            raise TypeError("dsn must be a libpq URL or conninfo string")
+        self._conninfo, self._schema = resolve_schema(dsn, schema)
+        self._display = redact_dsn(dsn)
+        self._pool_size = _positive(pool_size, "pool_size")
+        self._max_tasks = _limit(max_tasks, "max_tasks")
+        self._max_active = _limit(max_active_tasks_per_scope, "max_active_tasks_per_scope")
+        self._reap_batch = _positive(reap_batch_size, "reap_batch_size")
+        self._lock_timeout_ms = _positive_ms(lock_timeout_ms, "lock_timeout_ms")
+        self._statement_timeout_ms = _positive_ms(statement_timeout_ms, "statement_timeout_ms")
+        self._connect_timeout_s = _positive(connect_timeout_s, "connect_timeout_s", " of seconds")
+        if not isinstance(application_name, str):
+            raise TypeError("application_name must be a string")
+        self._application_name = application_name
+        if clock is not None and not callable(clock):
+            raise TypeError("clock must be a zero-argument callable returning µs")
+        self._clock = clock
+        self._origin = secrets.token_hex(8)
+        self._channel = f"{self._schema}.wakeups"
+        self._store_id: str | None = None
+        self._pool: ConnectionPool | None = None
+        self._listeners: set[Conn] = set()
+        self._closed = False
+        self._q = _Queries(self._schema, clock is not None)
+
+    def __repr__(self) -> str:
+        return f"<PostgresStore {self._display} schema={self._schema}>"
+
+    @property
+    def schema(self) -> str:
+        return self._schema
+
+    @property
+    def store_id(self) -> str:
+        """The schema's persisted UUID (empty until opened): accesses and leases carry it, so
+        every store object on this schema, on any host, accepts them."""
+        return self._store_id or ""
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def _connect_kwargs(self, suffix: str = "") -> dict[str, Any]:
+        return {
+            "connect_timeout": self._connect_timeout_s,
+            "application_name": self._application_name + suffix,
+        }
+
+    def _setup(self, conn: Conn) -> None:
+        conn.execute(
+            "SELECT set_config('lock_timeout', %s, false),"
+            " set_config('statement_timeout', %s, false)",
+            (f"{self._lock_timeout_ms}ms", f"{self._statement_timeout_ms}ms"),
+        )
+
+    async def open(self) -> Self:
+        """Connect and check the schema version (``async with`` calls it)."""
+        if self._pool is not None or self._closed:
+            raise RuntimeError("a PostgresStore is opened once")
+        pool = ConnectionPool(
+            self._conninfo,
+            size=self._pool_size,
+            connect_kwargs=self._connect_kwargs(),
+            setup=self._setup,
+        )
+        try:
+            self._store_id = await pool.run(
+                lambda conn: check_schema(conn, self._display, self._schema)
+            )
+        except BaseException:
+            await pool.aclose()
+            raise
+        self._pool = pool
+        return self
+
+    async def aclose(self) -> None:
+        self._closed = True
+        for conn in list(self._listeners):
+            trio.lowlevel.notify_closing(conn.fileno())
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.aclose()
+        else:
+            await trio.lowlevel.checkpoint()
+
+    async def __aenter__(self) -> Self:
+        return await self.open()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def _opened(self) -> tuple[ConnectionPool, str]:
+        if self._closed:
+            raise trio.ClosedResourceError("the store is closed")
+        if self._pool is None or self._store_id is None:
+            raise RuntimeError("open the store first: async with PostgresStore(...) as store")
+        return self._pool, self._store_id
+
+    async def _run(self, fn: Callable[[Conn], T]) -> T:
+        """One transaction, one thread hop; lock waits and timeouts become ``DatabaseBusy``."""
+        pool, _ = self._opened()
+        try:
+            return await pool.run(fn)
+        except _BUSY_ERRORS as exc:
+            raise DatabaseBusy(f"PostgreSQL: {type(exc).__name__}") from exc
+
+    def _params(self, **params: Any) -> dict[str, Any]:
+        if self._clock is not None:
+            now = self._clock()
+            if not isinstance(now, int) or isinstance(now, bool):
+                raise TypeError("the store clock must return an int of microseconds")
+            params["now"] = now
+        return params
+
+    def _payload(self, kind: WakeupKind, task_id: str, due_at: int | None = None) -> str:
+        return notify_payload(kind, task_id, self._origin, due_at)
+
+    # -- clock and requests -------------------------------------------------------------------
+
+    async def now(self) -> int:
+        def run(conn: Conn) -> int:
+            row = conn.execute(self._q.now, self._params()).fetchone()
+            assert row is not None
+            return int(row[0])
+
+        return await self._run(run)
+
+    async def authorize(self, ctx: object, action: Action, task_id: str) -> Access:
+        await trio.lowlevel.checkpoint()
+        _, store_id = self._opened()
+        action = Action(action)
+        if not isinstance(task_id, str) or not task_id:
+            raise ValueError("a non-empty task id is required")
+        scope = resolve_scope(self._scope, ctx)
+        return Access(store_id=store_id, action=action, task_id=task_id, scope=scope)
+
+    async def create(self, task: Task, work: Work, access: Access) -> Snapshot:
+        _, store_id = self._opened()
+        if not isinstance(access, Access):
+            raise TypeError("create needs an Access from authorize()")
+        if (
+            access.store_id != store_id
+            or access.action is not Action.CREATE
+            or access.task_id != getattr(task, "id", None)
+        ):
+            raise UnauthorizedAction("create needs a create access for this task from this store")
+        try:
+            snapshot = initial_snapshot(task, work)
+            record = canonical_json(_record_json(snapshot))
+        except (CorruptRecord, TypeError, ValueError) as exc:
+            raise InvalidTask(str(exc)) from exc
+        params = self._params(
+            task_id=task.id,
+            record=record,
+            scope=_scope_text(access.scope),
+            status=task.status.value,
+            created_at=task.created_at,
+            expires_at=_bigint(task.expires_at),
+            channel=self._channel,
+            payload=self._payload(WakeupKind.CREATED, task.id),
+            lock_class=CAPACITY_LOCK_CLASS,
+            schema=self._schema,
+            max_tasks=self._max_tasks or 0,
+            max_active=self._max_active or 0,
+        )
+        limited = self._max_tasks is not None or self._max_active is not None
+
+        def run(conn: Conn) -> None:
+            if not limited:
+                if not self._insert(conn, params):
+                    raise AlreadyExists(task.id)
+                return
+            with conn.transaction():
+                conn.execute(self._q.capacity_lock, params)
+                row = conn.execute(self._q.capacity_counts, params).fetchone()
+                assert row is not None
+                exists, total, active = row
+                if exists:
+                    raise AlreadyExists(task.id)
+                if self._max_tasks is not None and total >= self._max_tasks:
+                    raise CapacityExceeded("max_tasks")
+                if self._max_active is not None and active >= self._max_active:
+                    raise CapacityExceeded("max_active_tasks_per_scope")
+                if not self._insert(conn, params):
+                    raise AlreadyExists(task.id)
+
+        await self._run(run)
+        return snapshot_from_json(json.loads(record))  # a copy the caller owns
+
+    def _insert(self, conn: Conn, params: dict[str, Any]) -> bool:
+        row = conn.execute(self._q.insert, params).fetchone()
+        return row is not None and row[0] == 1
+
+    async def get(self, task_id: str, access: Access) -> Snapshot | NotFound:
+        self._opened()
+        if not isinstance(access, Access):
+            raise TypeError("request authority needs an Access from authorize()")
+
+        def run(conn: Conn) -> Snapshot | NotFound:
+            now, row = self._read(conn, task_id)
+            if row is None or not self._visible(row, task_id, access, now, _READ_ACTIONS):
+                return NOT_FOUND
+            return row.snapshot
+
+        return await self._run(run)
+
+    def _read(self, conn: Conn, task_id: str) -> tuple[int, _Row | None]:
+        values = conn.execute(self._q.read, self._params(task_id=task_id)).fetchone()
+        assert values is not None
+        now = int(values[0])
+        return now, None if values[1] is None else _decode_row(values[1:])
+
+    def _visible(
+        self, row: _Row, task_id: str, access: Access, now: int, allowed: frozenset[Action]
+    ) -> bool:
+        """Visibility first (other store/scope or expired: not found), then the action."""
+        if not isinstance(access, Access):
+            raise TypeError("request authority needs an Access from authorize()")
+        if (
+            access.store_id != self._store_id
+            or _scope_text(access.scope) != row.scope
+            or row.expired(now)
+        ):
+            return False
+        if access.task_id != task_id or access.action not in allowed:
+            raise UnauthorizedAction(f"a {access.action.value} access cannot do this")
+        return True
+
+    # -- workers ------------------------------------------------------------------------------
+
+    def _matches(self, row: _Row, lease: Lease) -> bool:
+        """Exact lease identity (liveness is checked separately)."""
+        return (
+            lease.store_id == self._store_id
+            and lease.task_id == row.task_id
+            and lease.epoch == 0
+            and row.claim_owner is not None
+            and lease.owner_id == row.claim_owner
+            and lease.token == row.claim_token
+            and lease.generation == row.generation
+            and lease.expires_at == row.claim_expires_at
+        )
+
+    def _check_lease(self, row: _Row, lease: object, now: int) -> None:
+        if not isinstance(lease, Lease) or not self._matches(row, lease) or now >= lease.expires_at:
+            raise StaleLease("the lease is not the live claim of this task")
+
+    async def worker_snapshot(self, task_id: str, lease: Lease) -> Snapshot | NotFound:
+        self._opened()
+
+        def run(conn: Conn) -> Snapshot | NotFound:
+            now, row = self._read(conn, task_id)
+            if row is None:
+                return NOT_FOUND
+            self._check_lease(row, lease, now)
+            return row.snapshot
+
+        return await self._run(run)
+
+    @staticmethod
+    def _eligibility(row: _Row, now: int) -> Deferred | Unavailable | None:
+        """Reference 3.6 order on the database clock; ``None`` means claimable now."""
+        snapshot = row.snapshot
+        if snapshot.task.status.is_terminal or snapshot.work is None:
+            return UNAVAILABLE
+        if snapshot.retry_at is not None and snapshot.retry_at > now:
+            return Deferred(_deferred_ms(snapshot.retry_at, now))
+        if row.claim_expires_at is not None and now < row.claim_expires_at:
+            return UNAVAILABLE
+        return None
+
+    def _grant(self, conn: Conn, row: _Row, owner_id: str, lease_ms: int, now: int) -> Claimed:
+        lease = Lease(
+            store_id=self._store_id or "",
+            task_id=row.task_id,
+            owner_id=owner_id,
+            token=str(uuid.uuid4()),
+            generation=row.generation + 1,
+            expires_at=min(now + lease_ms * 1000, _MAX_BIGINT),
+        )
+        conn.execute(
+            self._q.set_claim,
+            {
+                "task_id": lease.task_id,
+                "owner": lease.owner_id,
+                "token": lease.token,
+                "generation": lease.generation,
+                "expires_at": lease.expires_at,
+            },
+        )
+        return Claimed(row.snapshot, lease)
+
+    def _lock(self, conn: Conn, task_id: str) -> _Row | None:
+        values = conn.execute(self._q.lock, {"task_id": task_id}).fetchone()
+        return None if values is None else _decode_row(values)
+
+    def _clock_now(self, conn: Conn) -> int:
+        """The database clock, read in its own statement (so: after any lock we hold)."""
+        row = conn.execute(self._q.now, self._params()).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    async def claim(
+        self, task_id: str, owner_id: str, lease_ms: int
+    ) -> Claimed | Deferred | Unavailable | NotFound:
+        self._opened()
+        owner_id, lease_ms = _owner(owner_id), _positive_ms(lease_ms, "lease_ms")
+
+        def run(conn: Conn) -> Claimed | Deferred | Unavailable | NotFound:
+            with conn.transaction():
+                row = self._lock(conn, task_id)
+                if row is None:
+                    return NOT_FOUND
+                now = self._clock_now(conn)
+                verdict = self._eligibility(row, now)
+                if verdict is not None:
+                    return verdict
+                return self._grant(conn, row, owner_id, lease_ms, now)
+
+        return await self._run(run)
+
+    async def claim_next(self, owner_id: str, lease_ms: int) -> Claimed | None:
+        self._opened()
+        owner_id, lease_ms = _owner(owner_id), _positive_ms(lease_ms, "lease_ms")
+
+        def run(conn: Conn) -> Claimed | None:
+            skipped: list[str] = []
+            with conn.transaction():
+                while True:
+                    values = conn.execute(self._q.claim_next, self._params(skip=skipped)).fetchone()
+                    if values is None:
+                        return None
+                    # SKIP LOCKED never waits, so the statement's clock is the lock's time.
+                    now = int(values[0])
+                    row = _decode_row(values[1:])
+                    if self._eligibility(row, now) is None:
+                        return self._grant(conn, row, owner_id, lease_ms, now)
+                    skipped.append(row.task_id)  # the record disagrees with the predicate
+
+        return await self._run(run)
+
+    def _lease_row(self, conn: Conn, lease: Lease) -> _Row:
+        if not isinstance(lease, Lease) or lease.store_id != self._store_id:
+            raise StaleLease("the lease is not from this store")
+        row = self._lock(conn, lease.task_id)
+        if row is None:
+            raise StaleLease("the leased task no longer exists")
+        return row
+
+    async def renew(self, lease: Lease, lease_ms: int) -> Lease:
+        self._opened()
+        lease_ms = _positive_ms(lease_ms, "lease_ms")
+
+        def run(conn: Conn) -> Lease:
+            with conn.transaction():
+                row = self._lease_row(conn, lease)
+                now = self._clock_now(conn)
+                self._check_lease(row, lease, now)
+                # A fresh token too: the old value goes stale even if the expiry repeats.
+                renewed = attrs.evolve(
+                    lease,
+                    token=str(uuid.uuid4()),
+                    expires_at=min(now + lease_ms * 1000, _MAX_BIGINT),
+                )
+                conn.execute(
+                    self._q.set_claim,
+                    {
+                        "task_id": renewed.task_id,
+                        "owner": renewed.owner_id,
+                        "token": renewed.token,
+                        "generation": renewed.generation,
+                        "expires_at": renewed.expires_at,
+                    },
+                )
+                return renewed
+
+        return await self._run(run)
+
+    async def release(self, lease: Lease) -> None:
+        self._opened()
+
+        def run(conn: Conn) -> None:
+            with conn.transaction():
+                row = self._lease_row(conn, lease)
+                if not self._matches(row, lease):
+                    raise StaleLease("the lease does not match the task's claim")
+                payload = None
+                snapshot = row.snapshot
+                if not snapshot.task.status.is_terminal and snapshot.work is not None:
+                    payload = self._payload(WakeupKind.RELEASED, row.task_id, snapshot.retry_at)
+                conn.execute(
+                    self._q.clear_claim,
+                    {"task_id": row.task_id, "channel": self._channel, "payload": payload},
+                )
+
+        await self._run(run)
+
+    # -- transitions --------------------------------------------------------------------------
+
+    async def transition(
+        self, task_id: str, expected_revision: int, event: Event, authority: Authority
+    ) -> Transition | Conflict | NotFound:
+        self._opened()
+        if not isinstance(expected_revision, int) or isinstance(expected_revision, bool):
+            raise TypeError("expected_revision must be an int")
+        if expected_revision < 0:
+            raise ValueError("expected_revision must be >= 0")
+        if not isinstance(event, Event):
+            raise TypeError("transition needs an Event")
+        event_json = canonical_json(event.to_json())
+        return await self._run(
+            functools.partial(
+                self._transition, task_id, expected_revision, event, event_json, authority
+            )
+        )
+
+    def _transition(
+        self,
+        task_id: str,
+        expected_revision: int,
+        event: Event,
+        event_json: str,
+        authority: Authority,
+        conn: Conn,
+    ) -> Transition | Conflict | NotFound:
+        with conn.transaction():
+            row = self._lock(conn, task_id)
+            if row is None:
+                return NOT_FOUND
+            # A new statement after the lock: the clock and the ledger as of now.
+            seen = conn.execute(
+                self._q.now_and_seen, self._params(task_id=task_id, event_id=event.id)
+            ).fetchone()
+            assert seen is not None
+            now = int(seen[0])
+            if isinstance(authority, RequestAuthority):
+                allowed = frozenset(a for a, kinds in REQUEST_KINDS.items() if event.kind in kinds)
+                if not self._visible(row, task_id, authority.access, now, allowed):
+                    return NOT_FOUND
+            elif isinstance(authority, WorkerAuthority):
+                self._check_lease(row, authority.lease, now)
+                if event.kind not in WORKER_KINDS:
+                    raise UnauthorizedAction(f"a worker lease cannot apply {event.kind.value}")
+            else:
+                raise TypeError("authority must be RequestAuthority or WorkerAuthority")
+
+            snapshot = row.snapshot
+            if seen[1] is not None:
+                stored_event, revision, committed_at, stored_effects = seen[1:]
+                if stored_event != event_json:
+                    raise EventIdReused(event.id)
+                try:
+                    effects = effects_from_json(json.loads(stored_effects))
+                except (CodecError, ValueError, TypeError) as exc:
+                    raise CorruptStore(task_id, f"undecodable ledger effects: {exc}") from exc
+                return Transition(
+                    outcome="duplicate",
+                    snapshot=snapshot,
+                    effects=effects,
+                    event_revision=int(revision),
+                    committed_at=int(committed_at),
+                )
+            if snapshot.revision != expected_revision:
+                return Conflict(snapshot)
+
+            committed_at = max(now, snapshot.task.last_updated_at + _COMMIT_STEP_US)
+            outcome = apply(snapshot, event, committed_at)
+            if outcome.kind == "unchanged":
+                return Transition(
+                    outcome="unchanged",
+                    snapshot=snapshot,
+                    effects=outcome.effects,
+                    event_revision=snapshot.revision,
+                    committed_at=committed_at,
+                )
+            new = outcome.snapshot
+            written = conn.execute(
+                self._q.write,
+                {
+                    "task_id": task_id,
+                    "expected": snapshot.revision,
+                    "record": canonical_json(_record_json(new)),
+                    "revision": new.revision,
+                    "status": new.task.status.value,
+                    "retry_at": new.retry_at,
+                    "event_id": event.id,
+                    "event_kind": event.kind.value,
+                    "event": event_json,
+                    "committed_at": committed_at,
+                    "effects": canonical_json(effects_to_json(outcome.effects)),
+                    "channel": self._channel,
+                    "payload": self._wakeup_for(event.kind, new),
+                },
+            ).fetchone()
+            if written is None or written[0] != 1:
+                raise CorruptStore(task_id, "the locked row changed under its lock")
+            return Transition(
+                outcome="applied",
+                snapshot=new,
+                effects=outcome.effects,
+                event_revision=new.revision,
+                committed_at=committed_at,
+            )
+
+    def _wakeup_for(self, kind: EventKind, new: Snapshot) -> str | None:
+        """The NOTIFY payload of an applied event, if other runners should hear of it."""
+        task_id = new.task.id
+        if kind is EventKind.CANCELLED:
+            return self._payload(WakeupKind.CANCELLED, task_id)
+        if kind is EventKind.INPUT_RESPONSES_ACCEPTED:
+            return self._payload(WakeupKind.INPUT_ACCEPTED, task_id)
+        if kind is EventKind.RETRY_REQUESTED and new.retry_at is not None:
+            return self._payload(WakeupKind.RETRY_SCHEDULED, task_id, new.retry_at)
+        return None
+
+    # -- expiry and audit ---------------------------------------------------------------------
+
+    async def reap(self) -> list[str]:
+        """Delete up to ``reap_batch_size`` expired aggregates (call again for more)."""
+        self._opened()
+
+        def run(conn: Conn) -> list[str]:
+            with conn.transaction():
+                rows = conn.execute(
+                    self._q.reap_select, self._params(batch=self._reap_batch)
+                ).fetchall()
+                ids = [_decode_row(values).task_id for values in rows]  # validate first
+                if ids:
+                    conn.execute(self._q.reap_delete, {"ids": ids})
+            return sorted(ids)
+
+        return await self._run(run)
+
+    async def history(self, task_id: str) -> list[LedgerEntry]:
+        """The validated ledger of a stored task, in revision order (``[]`` when unknown).
+
+        An administrative read: no access is needed, and expired-but-unreaped tasks are shown.
+        """
+        self._opened()
+
+        def run(conn: Conn) -> list[LedgerEntry]:
+            with conn.transaction():
+                found = conn.execute(self._q.lock_share, {"task_id": task_id}).fetchone()
+                if found is None:
+                    return []
+                rows = conn.execute(self._q.ledger, {"ids": [task_id]}).fetchall()
+            return _validate_ledger(_decode_row(found), rows)
+
+        return await self._run(run)
+
+    async def audit(self, *, limit: int = 1000, after: str | None = None) -> AuditPage:
+        """Validate a page of aggregates (record, projections, claim, ledger) by task id.
+
+        Reads one consistent snapshot and locks nothing. Pass ``next_after`` back as ``after``
+        to continue; it is ``None`` on the last page.
+        """
+        self._opened()
+        if type(limit) is not int or not 1 <= limit <= MAX_AUDIT_PAGE:
+            raise ValueError(f"limit must be an int in 1..{MAX_AUDIT_PAGE}")
+        if after is not None and not isinstance(after, str):
+            raise TypeError("after must be a task id or None")
+
+        def run(conn: Conn) -> AuditPage:
+            with conn.transaction():
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                raws = conn.execute(
+                    self._q.audit_page, {"after": after or "", "limit": limit}
+                ).fetchall()
+                checked = tuple(str(raw[0]) for raw in raws)
+                ledger = conn.execute(self._q.ledger, {"ids": list(checked)}).fetchall()
+            by_task: dict[str, list[tuple[Any, ...]]] = {}
+            for entry in ledger:
+                by_task.setdefault(entry[0], []).append(entry)
+            findings: list[AuditFinding] = []
+            for raw in raws:
+                try:
+                    _validate_ledger(_decode_row(raw), by_task.get(raw[0], []))
+                except CorruptStore as exc:
+                    findings.append(AuditFinding(task_id=exc.task_id, reason=exc.reason))
+            return AuditPage(
+                checked=checked,
+                findings=tuple(findings),
+                next_after=checked[-1] if len(checked) == limit else None,
+            )
+
+        return await self._run(run)
+
+    # -- wake-ups -----------------------------------------------------------------------------
+
+    async def wakeups(self) -> AsyncIterator[Wakeup]:
+        """Wake-up hints from every store on this schema, on any host (LISTEN/NOTIFY).
+
+        The first item is always ``RESYNC`` (listening now; run recovery), and again after a
+        reconnect. Each call holds one dedicated connection outside the pool until the
+        iteration ends; closing the store ends it. Close it with ``aclose()`` (or
+        ``contextlib.aclosing``) when you stop early.
+        """
+        self._opened()
+
+        def connect() -> Conn:
+            return psycopg.Connection.connect(
+                self._conninfo,
+                autocommit=True,
+                keepalives=1,
+                keepalives_idle=30,
+                keepalives_interval=10,
+                keepalives_count=3,
+                **self._connect_kwargs("-listen"),
+            )
+
+        async for wakeup in listen(
+            connect, self._channel, self._origin, self._listeners, lambda: self._closed
+        ):
+            yield wakeup
+
+
+class _Queries:
+    """The store's SQL, composed once per store for its schema (bytes: ready to send)."""
+
+    def __init__(self, schema: str, injected_clock: bool) -> None:
+        s = sql.Identifier(schema)
+        now = "%(now)s::bigint" if injected_clock else _CLOCK_SQL
+
+        def q(text: str) -> bytes:
+            return (
+                sql.SQL(text.replace("{now}", now).replace("{active}", _ACTIVE))
+                .format(t=sql.SQL("{}.tasks").format(s), e=sql.SQL("{}.task_events").format(s))
+                .as_bytes(None)
+            )
+
+        cols = _COLUMNS.replace("{", "{{").replace("}", "}}")
+        self.now = q("SELECT {now}")
+        self.read = q(
+            "SELECT n.now, " + cols + " FROM (SELECT {now} AS now) n"
+            " LEFT JOIN {t} t ON t.task_id = %(task_id)s"
+        )
+        self.lock = q("SELECT " + cols + " FROM {t} t WHERE t.task_id = %(task_id)s FOR UPDATE")
+        self.lock_share = q(
+            "SELECT " + cols + " FROM {t} t WHERE t.task_id = %(task_id)s FOR SHARE"
+        )
+        self.now_and_seen = q(
+            "SELECT n.now, e.event::text, e.event_revision, e.committed_at_us, e.effects::text"
+            " FROM (SELECT {now} AS now) n LEFT JOIN {e} e"
+            " ON e.task_id = %(task_id)s AND e.event_id = %(event_id)s"
+        )
+        self.ledger = q(
+            "SELECT " + _LEDGER_COLUMNS + " FROM {e} WHERE task_id = ANY(%(ids)s::text[])"
+            " ORDER BY task_id, event_revision"
+        )
+        self.audit_page = q(
+            "SELECT " + cols + " FROM {t} t WHERE t.task_id > %(after)s"
+            " ORDER BY t.task_id LIMIT %(limit)s"
+        )
+        self.claim_next = q(
+            "WITH n AS MATERIALIZED (SELECT {now} AS now)"
+            " SELECT n.now, " + cols + " FROM {t} t, n"
+            " WHERE t.status IN {active}"
+            " AND (t.retry_at_us IS NULL OR t.retry_at_us <= n.now)"
+            " AND (t.claim_expires_at_us IS NULL OR t.claim_expires_at_us <= n.now)"
+            " AND t.task_id <> ALL(%(skip)s::text[])"
+            " ORDER BY t.created_at_us, t.task_id"
+            " LIMIT 1 FOR UPDATE OF t SKIP LOCKED"
+        )
+        self.set_claim = q(
+            "UPDATE {t} SET claim_owner = %(owner)s, claim_token = %(token)s::uuid,"
+            " lease_generation = %(generation)s, claim_expires_at_us = %(expires_at)s,"
+            " updated_at = clock_timestamp() WHERE task_id = %(task_id)s"
+        )
+        self.clear_claim = q(
+            "WITH u AS (UPDATE {t} SET claim_owner = NULL, claim_token = NULL,"
+            " claim_expires_at_us = NULL, updated_at = clock_timestamp()"
+            " WHERE task_id = %(task_id)s RETURNING 1),"
+            " nt AS (SELECT pg_notify(%(channel)s, %(payload)s::text) FROM u"
+            " WHERE %(payload)s::text IS NOT NULL)"
+            " SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM nt)"
+        )
+        self.capacity_lock = q("SELECT pg_advisory_xact_lock(%(lock_class)s, hashtext(%(schema)s))")
+        self.capacity_counts = q(
+            "SELECT EXISTS (SELECT 1 FROM {t} WHERE task_id = %(task_id)s),"
+            " (SELECT count(*) FROM (SELECT 1 FROM {t} LIMIT %(max_tasks)s) a),"
+            " (SELECT count(*) FROM (SELECT 1 FROM {t} WHERE scope = %(scope)s"
+            " AND status IN {active} LIMIT %(max_active)s) b)"
+        )
+        self.insert = q(
+            "WITH i AS (INSERT INTO {t} (task_id, record, scope, revision, status,"
+            " created_at_us, expires_at_us, retry_at_us)"
+            " VALUES (%(task_id)s, %(record)s::json, %(scope)s, 0, %(status)s,"
+            " %(created_at)s, %(expires_at)s, NULL)"
+            " ON CONFLICT (task_id) DO NOTHING RETURNING task_id),"
+            " nt AS (SELECT pg_notify(%(channel)s, %(payload)s::text) FROM i)"
+            " SELECT (SELECT count(*) FROM i), (SELECT count(*) FROM nt)"
+        )
+        self.write = q(
+            "WITH u AS (UPDATE {t} SET record = %(record)s::json, revision = %(revision)s,"
+            " status = %(status)s, retry_at_us = %(retry_at)s, updated_at = clock_timestamp()"
+            " WHERE task_id = %(task_id)s AND revision = %(expected)s RETURNING task_id),"
+            " i AS (INSERT INTO {e} (task_id, event_id, event_kind, event, event_revision,"
+            " committed_at_us, effects) SELECT task_id, %(event_id)s, %(event_kind)s,"
+            " %(event)s::json, %(revision)s, %(committed_at)s, %(effects)s::json FROM u"
+            " RETURNING 1),"
+            " nt AS (SELECT pg_notify(%(channel)s, %(payload)s::text) FROM i"
+            " WHERE %(payload)s::text IS NOT NULL)"
+            " SELECT (SELECT count(*) FROM i), (SELECT count(*) FROM nt)"
+        )
+        self.reap_select = q(
+            "WITH n AS MATERIALIZED (SELECT {now} AS now)"
+            " SELECT " + cols + " FROM {t} t, n WHERE t.expires_at_us <= n.now"
+            " ORDER BY t.expires_at_us, t.task_id LIMIT %(batch)s FOR UPDATE OF t SKIP LOCKED"
+        )
+        self.reap_delete = q("DELETE FROM {t} WHERE task_id = ANY(%(ids)s::text[])")
+
+
+def open_store(url: str, **options: Any) -> PostgresStore:
+    """The ``tritask.stores`` factory for ``postgresql://`` (and ``postgres://``) URLs.
+
+    ``?schema=NAME`` in the URL selects the schema; other options are keyword arguments of
+    :class:`PostgresStore` (``scope`` is required).
+    """
+    if not url.lower().startswith(("postgresql:", "postgres:")):
+        raise ValueError(f"the PostgreSQL store opens postgresql:// URLs, not {url!r}")
+    return PostgresStore(url, **options)
