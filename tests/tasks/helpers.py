@@ -95,6 +95,25 @@ def body(method: str, params: Mapping[str, JSONValue] | None = None, **kw: Any) 
     ).encode()
 
 
+def http_headers(
+    method: str,
+    *,
+    name: str | None = None,
+    names: tuple[str, ...] = (),
+    version: str = VERSION,
+) -> list[tuple[str, str]]:
+    """Streamable HTTP request headers; ``names`` sends ``Mcp-Name`` several times."""
+    headers = [
+        ("content-type", "application/json"),
+        ("accept", "application/json, text/event-stream"),
+        ("mcp-protocol-version", version),
+        ("mcp-method", method),
+    ]
+    for value in (name,) if name is not None else names:
+        headers.append(("mcp-name", value))
+    return headers
+
+
 class Recorder:
     """An ``emit`` that keeps every message a handler streamed."""
 

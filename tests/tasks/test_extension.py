@@ -396,9 +396,9 @@ async def test_scope_isolation_is_indistinguishable_from_unknown(
     detail = await env.get(task_id, principal="tenant-a")
     assert detail["status"] == "working"
     assert env.history_kinds(task_id) == []
-    assert (await env.wait_status(task_id, "completed", principal="tenant-a"))["result"][
-        "content"
-    ] == [{"type": "text", "text": "Completed x"}]
+    assert (await env.wait_status(task_id, "completed", principal="tenant-a", interval=1))[
+        "result"
+    ]["content"] == [{"type": "text", "text": "Completed x"}]
 
 
 # -- policies and options -----------------------------------------------------------------------

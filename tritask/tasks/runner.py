@@ -427,6 +427,8 @@ class Runner:
         accepted = result.effects.accepted_input_responses or {}
         job = self._jobs.get(task_id)
         if job is not None:
+            # The attempt's next commit expects this revision (saves a conflict round trip).
+            job.revision = max(job.revision, result.snapshot.revision)
             for key, response in accepted.items():
                 waiter = job.waiters.get(key)
                 if waiter is not None:
