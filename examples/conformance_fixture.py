@@ -24,6 +24,7 @@ import zlib
 from typing import Annotated, Any
 
 import trio
+from conformance_tasks import install_tasks  # a sibling module: examples/ is on sys.path
 
 from tritask.jsonrpc import JSONValue
 from tritask.protocol import wire
@@ -530,7 +531,8 @@ async def complete_prompt_arguments(
 
 # -- Tasks extension (io.modelcontextprotocol/tasks) -------------------------------------
 #
-# Reserved for the Tasks engineer: register the tasks fixture tools (greet, slow_compute,
-# failing_job, protocol_error_job, confirm_delete, multi_input, test_tool_with_task) here,
-# after every core tool so the order above stays unchanged, and attach the extension with
-# ``app.add_extension(Tasks(...))``.
+# The tasks fixture tools (greet, slow_compute, failing_job, protocol_error_job,
+# confirm_delete, multi_input, test_tool_with_task) come after every core tool, so the order
+# above stays unchanged; ``install_tasks`` also attaches the extension.
+
+tasks = install_tasks(app)
