@@ -69,6 +69,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
 def _full_run(config: pytest.Config) -> bool:
     if config.getoption("keyword", default=""):
         return False
+    if config.getoption("ignore", default=None) or config.getoption("deselect", default=None):
+        return False
+    if config.getoption("exitfirst", default=False):
+        return False
     markexpr = config.getoption("markexpr", default="") or ""
     if markexpr and markexpr.strip() != "contract":
         return False
