@@ -35,11 +35,12 @@ _CANCEL_TIMEOUT_S = 5.0
 
 
 def _is_idle_and_alive(conn: psycopg.Connection[Any]) -> bool:
-    """Whether a pooled connection is reusable, without a round trip.
+    """Whether a pooled connection is reusable, judged without a round trip.
 
-    A healthy idle connection has nothing to read. If the server closed it (restart,
-    ``pg_terminate_backend``, idle timeout) the socket is readable: consume the input and let
-    libpq tell whether the connection went bad.
+    A healthy idle connection has nothing to read. When the server ends one (restart,
+    ``pg_terminate_backend``, idle timeout) it sends an error and closes the socket, which makes
+    it readable. Anything readable is therefore discarded: reconnecting costs one hop, while
+    reusing it would fail the caller's transaction.
     """
     if conn.closed or conn.broken:
         return False
@@ -47,11 +48,9 @@ def _is_idle_and_alive(conn: psycopg.Connection[Any]) -> bool:
         return False
     try:
         readable, _, _ = select.select([conn.fileno()], [], [], 0)
-        if readable:
-            conn.pgconn.consume_input()
-    except (OSError, ValueError, psycopg.Error):
+    except (OSError, ValueError):
         return False
-    return conn.pgconn.status == pq.ConnStatus.OK
+    return not readable
 
 
 class ConnectionPool:

@@ -1,0 +1,785 @@
+"""PostgresStore beyond the shared contract: migrations, server-side cancellation, LISTEN/NOTIFY
+wake-ups, stores on several "hosts" (separate store objects, each with its own pool) racing for
+the same rows, database time, and data that fails closed.
+
+Racing and wake-up tests use the database clock; tests that need to move time inject a
+``ManualClock`` (never trio's autojump clock: the store works in real threads).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+import pytest
+import trio
+from postgres_support import SchemaFactory, connect, pg_schemas, postgres_dsn
+from psycopg import sql
+from tritask_postgres import (
+    SCHEMA_VERSION,
+    LedgerEntry,
+    PostgresStore,
+    StoreSchemaError,
+    Wakeup,
+    WakeupKind,
+    migrate,
+)
+from tritask_postgres import _migrations as migrations
+from tritask_postgres._migrations import Migration, redact_dsn, split_store_url
+from tritask_postgres._pool import ConnectionPool
+
+from tritask.migrate import add_migrate_command, run_migrate
+from tritask.tasks.events import Effects, Event
+from tritask.tasks.model import Snapshot, TaskStatus
+from tritask.tasks.store import (
+    NOT_FOUND,
+    UNAVAILABLE,
+    Action,
+    CapacityExceeded,
+    Claimed,
+    Conflict,
+    CorruptStore,
+    DatabaseBusy,
+    Lease,
+    RequestAuthority,
+    Scope,
+    StaleLease,
+    Transition,
+    WorkerAuthority,
+)
+from tritask.tasks.stores import open_store
+from tritask.tasks.work import RetryPolicy
+from tritask.testing.store_contract import START, ManualClock, StoreContract, by_tenant, tenant
+
+__all__ = ["pg_schemas", "postgres_dsn"]  # the fixtures this module uses
+
+pytestmark = pytest.mark.postgres
+
+A, B = tenant("tenant-a"), tenant("tenant-b")
+ASK = {"method": "elicitation/create", "params": {"message": "Confirm"}}
+ERROR = {"code": -32000, "message": "transient"}
+LEASE_MS = 30_000
+create = StoreContract.create
+
+
+def pg_store(
+    schemas: SchemaFactory,
+    schema: str,
+    *,
+    scope: Scope = by_tenant,
+    clock: ManualClock | None = None,
+    **options: Any,
+) -> PostgresStore:
+    return PostgresStore(schemas.dsn, schema=schema, scope=scope, clock=clock, **options)
+
+
+async def claimed(store: PostgresStore, task_id: str, owner: str = "owner-1") -> Lease:
+    result = await store.claim(task_id, owner, LEASE_MS)
+    assert isinstance(result, Claimed), result
+    return result.lease
+
+
+def with_query(dsn: str, query: str) -> str:
+    return f"{dsn}{'&' if '?' in dsn else '?'}{query}"
+
+
+def activity(dsn: str, application_name: str) -> list[tuple[Any, ...]]:
+    """``(pid, state, wait_event_type, query)`` of the store's backends."""
+    with connect(dsn) as conn:
+        return conn.execute(
+            "SELECT pid, state, wait_event_type, query FROM pg_stat_activity"
+            " WHERE application_name = %s ORDER BY pid",
+            (application_name,),
+        ).fetchall()
+
+
+@contextlib.contextmanager
+def row_locked(dsn: str, schema: str, task_id: str) -> Any:
+    """Hold ``FOR UPDATE`` on a task row from another connection until the block ends."""
+    with connect(dsn) as conn, conn.transaction():
+        conn.execute(
+            sql.SQL("SELECT 1 FROM {}.tasks WHERE task_id = %s FOR UPDATE").format(
+                sql.Identifier(schema)
+            ),
+            (task_id,),
+        )
+        yield conn
+
+
+def raw_execute(dsn: str, query: sql.Composed, params: tuple[Any, ...] = ()) -> None:
+    with connect(dsn) as conn:
+        conn.execute(query, params)
+
+
+# -- migrations ---------------------------------------------------------------------------------
+
+
+async def test_migrate_fresh_then_idempotent(pg_schemas: SchemaFactory) -> None:
+    schema = pg_schemas.name()
+    first = await migrate(pg_schemas.dsn, schema=schema)
+    assert (first.schema, first.version, first.applied) == (schema, SCHEMA_VERSION, (1,))
+    again = await migrate(pg_schemas.dsn, schema=schema)
+    assert (again.version, again.applied) == (SCHEMA_VERSION, ())
+    with connect(pg_schemas.dsn) as conn:
+        tables = {
+            row[0]
+            for row in conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
+                (schema,),
+            ).fetchall()
+        }
+        store_id = conn.execute(
+            sql.SQL("SELECT store_id::text FROM {}.store_metadata").format(sql.Identifier(schema))
+        ).fetchone()
+    assert tables == {"schema_migrations", "store_metadata", "tasks", "task_events"}
+    assert store_id is not None
+    async with pg_store(pg_schemas, schema) as store:
+        assert store.store_id == store_id[0]
+        assert (await create(store, "task-1")).revision == 0
+
+
+async def test_store_refuses_a_missing_schema(pg_schemas: SchemaFactory) -> None:
+    schema = pg_schemas.name()
+    store = pg_store(pg_schemas, schema)
+    with pytest.raises(StoreSchemaError) as caught:
+        await store.open()
+    message = str(caught.value)
+    assert f"schema {schema!r} is not installed" in message
+    assert f"run `tritask migrate --store {redact_dsn(pg_schemas.dsn)} --schema {schema}`" in (
+        message
+    )
+
+
+async def test_store_refuses_a_newer_schema(pg_schemas: SchemaFactory) -> None:
+    schema = await pg_schemas.migrated()
+    raw_execute(
+        pg_schemas.dsn,
+        sql.SQL(
+            "INSERT INTO {}.schema_migrations (version, name, checksum) VALUES (%s, 'x', 'x')"
+        ).format(sql.Identifier(schema)),
+        (SCHEMA_VERSION + 1,),
+    )
+    with pytest.raises(
+        StoreSchemaError, match=r"newer than this tritask supports .*: upgrade tritask"
+    ):
+        await pg_store(pg_schemas, schema).open()
+    with pytest.raises(StoreSchemaError, match="upgrade tritask"):
+        await migrate(pg_schemas.dsn, schema=schema)
+
+
+async def test_store_refuses_an_older_schema_until_migrated(
+    pg_schemas: SchemaFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    schema = await pg_schemas.migrated()
+    shipped = migrations.load_migrations()
+    upgrade = Migration(len(shipped) + 1, "status_index", "CREATE INDEX ON tasks (status);")
+    monkeypatch.setattr(migrations, "load_migrations", lambda: (*shipped, upgrade))
+    with pytest.raises(StoreSchemaError) as caught:
+        await pg_store(pg_schemas, schema).open()
+    assert f"is at version {len(shipped)}, this tritask needs {upgrade.version}" in str(
+        caught.value
+    )
+    assert "run `tritask migrate --store" in str(caught.value)
+    result = await migrate(pg_schemas.dsn, schema=schema)
+    assert result.applied == (upgrade.version,)
+    async with pg_store(pg_schemas, schema) as store:
+        await create(store, "task-1")
+
+
+async def test_changed_migration_is_refused(pg_schemas: SchemaFactory) -> None:
+    schema = await pg_schemas.migrated()
+    raw_execute(
+        pg_schemas.dsn,
+        sql.SQL("UPDATE {}.schema_migrations SET checksum = 'edited'").format(
+            sql.Identifier(schema)
+        ),
+    )
+    with pytest.raises(StoreSchemaError, match="differs from the shipped file"):
+        await migrate(pg_schemas.dsn, schema=schema)
+
+
+async def test_concurrent_migrations_apply_once(pg_schemas: SchemaFactory) -> None:
+    schema = pg_schemas.name()
+    results: list[tuple[int, ...]] = []
+
+    async def run() -> None:
+        results.append((await migrate(pg_schemas.dsn, schema=schema)).applied)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(6):
+            nursery.start_soon(run)
+    assert sorted(results) == [(), (), (), (), (), (1,)]
+    async with pg_store(pg_schemas, schema) as store:
+        await create(store, "task-1")
+
+
+async def test_passwords_stay_out_of_messages(pg_schemas: SchemaFactory) -> None:
+    assert redact_dsn("postgresql://u:s3cret@db:5432/x?sslmode=require") == (
+        "postgresql://u@db:5432/x?sslmode=require"
+    )
+    assert redact_dsn("postgresql://:s3cret@db/x") == "postgresql://db/x"
+    assert redact_dsn("postgresql://db/x?password=s3cret&user=u") == "postgresql://db/x?user=u"
+    assert redact_dsn("host=db password=s3cret") == "postgresql://..."
+    schema = pg_schemas.name()
+    store = PostgresStore(
+        with_query(pg_schemas.dsn, "password=s3cret"), schema=schema, scope="shared"
+    )
+    with pytest.raises(StoreSchemaError) as caught:
+        await store.open()
+    assert "s3cret" not in str(caught.value)
+    assert "s3cret" not in repr(store)
+
+
+def test_schema_names_and_urls() -> None:
+    assert split_store_url("postgresql://db/x?schema=s1&sslmode=require") == (
+        "postgresql://db/x?sslmode=require",
+        "s1",
+    )
+    assert split_store_url("postgresql://db/x") == ("postgresql://db/x", None)
+    for bad in ("", "1abc", "a-b", "a" * 56, 'x"; drop'):
+        with pytest.raises(ValueError, match="schema"):
+            PostgresStore("postgresql://db/x", schema=bad, scope="shared")
+    with pytest.raises(ValueError, match="contradicts"):
+        PostgresStore("postgresql://db/x?schema=s1", schema="s2", scope="shared")
+    with pytest.raises(TypeError, match="requires scope="):
+        PostgresStore("postgresql://db/x")
+    with pytest.raises(ValueError, match="pool_size"):
+        PostgresStore("postgresql://db/x", scope="shared", pool_size=0)
+
+
+async def test_store_urls_open_through_the_entry_points(pg_schemas: SchemaFactory) -> None:
+    schema = await pg_schemas.migrated()
+    for scheme in ("postgresql", "postgres"):
+        url = with_query(pg_schemas.dsn, f"schema={schema}")
+        url = scheme + url[url.index(":") :]
+        store = open_store(url, scope="shared")
+        assert isinstance(store, PostgresStore)
+        assert store.schema == schema
+        async with store:
+            await create(store, f"task-{scheme}")
+
+
+def test_migrate_command(pg_schemas: SchemaFactory, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser(prog="tritask")
+    add_migrate_command(parser.add_subparsers(dest="command", required=True))
+    schema = pg_schemas.name()
+
+    def run(*argv: str) -> tuple[int, str]:
+        args = parser.parse_args(["migrate", *argv])
+        assert args.handler is run_migrate
+        code = args.handler(args)
+        return code, capsys.readouterr().err
+
+    store = ["--store", pg_schemas.dsn, "--schema", schema]
+    assert run(*store) == (0, f"tritask: migrated schema {schema!r} to version 1 (applied 0001)\n")
+    assert run(*store) == (0, f"tritask: schema {schema!r} is up to date (version 1)\n")
+    url_form = with_query(pg_schemas.dsn, f"schema={schema}")
+    assert run("--store", url_form)[0] == 0
+    assert run("--store", "memory:") == (
+        0,
+        "tritask: memory: stores have no separate migration step\n",
+    )
+    code, err = run("--store", "nosuch://x")
+    assert code == 2
+    assert "no store for 'nosuch'" in err
+    code, err = run("--store", pg_schemas.dsn, "--schema", "bad-name")
+    assert code == 2
+    assert "schema must be an identifier" in err
+
+
+# -- cancellation ---------------------------------------------------------------------------------
+
+
+async def test_cancelled_call_is_cancelled_on_the_server(pg_schemas: SchemaFactory) -> None:
+    schema = await pg_schemas.migrated()
+    app = f"tritask-cancel-{schema}"
+    dsn = pg_schemas.dsn
+    async with pg_store(
+        pg_schemas, schema, pool_size=1, application_name=app, lock_timeout_ms=60_000
+    ) as store:
+        await create(store, "task-1")
+        [(pid, state, _, _)] = activity(dsn, app)
+        assert state == "idle"
+        with row_locked(dsn, schema, "task-1") as holder:
+            async with trio.open_nursery() as nursery:
+                waiting = trio.CancelScope()
+
+                async def blocked_claim() -> None:
+                    with waiting:
+                        await store.claim("task-1", "owner-1", LEASE_MS)
+
+                nursery.start_soon(blocked_claim)
+                for _ in range(200):  # until the store's query waits for the row lock
+                    rows = await trio.to_thread.run_sync(activity, dsn, app)
+                    if rows and rows[0][1:3] == ("active", "Lock"):
+                        break
+                    await trio.sleep(0.01)
+                else:
+                    pytest.fail(f"the claim never waited for the lock: {rows}")
+                started = time.monotonic()
+                waiting.cancel()
+            assert waiting.cancelled_caught
+            assert time.monotonic() - started < 2
+            # cancel_safe completed before the call returned: the server stopped the query
+            assert [row[:2] for row in activity(dsn, app)] == [(pid, "idle")]
+            blockers = holder.execute(
+                "SELECT count(*) FROM pg_locks WHERE NOT granted AND pid = %s", (pid,)
+            ).fetchone()
+            assert blockers == (0,)
+        lease = await claimed(store, "task-1")  # same connection, still usable
+        assert lease.generation == 1
+        assert [row[:2] for row in activity(dsn, app)] == [(pid, "idle")]
+
+
+async def test_pool_cancels_a_running_query_and_reuses_the_connection(postgres_dsn: str) -> None:
+    app = f"tritask-pool-{time.monotonic_ns()}"
+    pool = ConnectionPool(postgres_dsn, size=1, connect_kwargs={"application_name": app})
+
+    def backend(conn: psycopg.Connection[Any]) -> int:
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+        assert row is not None
+        return int(row[0])
+
+    try:
+        pid = await pool.run(backend)
+        with trio.move_on_after(0.2) as scope:
+            await pool.run(lambda conn: conn.execute("SELECT pg_sleep(30)"))
+        assert scope.cancelled_caught
+        assert [row[:2] for row in activity(postgres_dsn, app)] == [(pid, "idle")]
+        assert await pool.run(backend) == pid
+        # a statement that fails on its own is not a cancellation, and the connection survives
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            await pool.run(lambda conn: conn.execute("SELECT 1 / 0"))
+        assert await pool.run(backend) == pid
+    finally:
+        await pool.aclose()
+    assert activity(postgres_dsn, app) == []
+
+
+async def test_lock_timeout_is_database_busy(pg_schemas: SchemaFactory) -> None:
+    schema = await pg_schemas.migrated()
+    async with pg_store(pg_schemas, schema, pool_size=1, lock_timeout_ms=100) as store:
+        await create(store, "task-1")
+        with row_locked(pg_schemas.dsn, schema, "task-1"), pytest.raises(DatabaseBusy):
+            await store.claim("task-1", "owner-1", LEASE_MS)
+        assert isinstance(await store.claim("task-1", "owner-1", LEASE_MS), Claimed)
+
+
+async def test_a_killed_pooled_connection_is_replaced(pg_schemas: SchemaFactory) -> None:
+    schema = await pg_schemas.migrated()
+    app = f"tritask-kill-{schema}"
+    async with pg_store(pg_schemas, schema, pool_size=1, application_name=app) as store:
+        await create(store, "task-1")
+        [(pid, _, _, _)] = activity(pg_schemas.dsn, app)
+        with connect(pg_schemas.dsn) as conn:
+            conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        for _ in range(100):
+            if not activity(pg_schemas.dsn, app):
+                break
+            await trio.sleep(0.01)
+        get = await store.authorize(A, Action.GET, "task-1")
+        assert isinstance(await store.get("task-1", get), Snapshot)
+        [(new_pid, _, _, _)] = activity(pg_schemas.dsn, app)
+        assert new_pid != pid
+
+
+# -- wake-ups -------------------------------------------------------------------------------------
+
+
+def _threads_in_psycopg() -> list[str]:
+    """Names of threads (other than trio's) currently executing psycopg code."""
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    found = []
+    for ident, frame in sys._current_frames().items():
+        if ident == threading.get_ident():
+            continue
+        current: Any = frame
+        while current is not None:
+            if "psycopg" in current.f_code.co_filename:
+                found.append(names.get(ident, str(ident)))
+                break
+            current = current.f_back
+    return found
+
+
+@contextlib.asynccontextmanager
+async def subscribed(store: PostgresStore) -> AsyncIterator[AsyncIterator[Wakeup]]:
+    """A subscription whose first item (RESYNC: listening) has been consumed."""
+    wakeups = store.wakeups()
+    try:
+        first = await wakeups.__anext__()
+        assert first == Wakeup(kind=WakeupKind.RESYNC, task_id=None)
+        yield wakeups
+    finally:
+        await wakeups.aclose()  # type: ignore[attr-defined]
+
+
+async def next_wakeup(wakeups: AsyncIterator[Wakeup], seconds: float = 5) -> Wakeup:
+    with trio.fail_after(seconds):
+        return await wakeups.__anext__()
+
+
+async def test_wakeup_arrives_within_milliseconds_without_a_thread(
+    pg_schemas: SchemaFactory,
+) -> None:
+    schema = await pg_schemas.migrated()
+    listener, creator = pg_store(pg_schemas, schema), pg_store(pg_schemas, schema)
+    async with listener, creator, subscribed(listener) as wakeups:
+        await create(creator, "warm-up")  # the creator's first connection is not measured
+        assert await next_wakeup(wakeups) == Wakeup(WakeupKind.CREATED, "warm-up")
+        latencies = []
+
+        async def create_soon(task_id: str, started: list[float], check_threads: bool) -> None:
+            await trio.sleep(0.05)  # the listener is parked in wait_readable by now
+            if check_threads:
+                baseline = threading.active_count()
+                await trio.sleep(0.2)
+                assert threading.active_count() == baseline
+                assert _threads_in_psycopg() == []
+            started.append(time.perf_counter())
+            await create(creator, task_id)
+
+        for n in range(20):
+            started: list[float] = []
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(create_soon, f"task-{n}", started, n == 0)
+                wakeup = await next_wakeup(wakeups)
+                latencies.append(time.perf_counter() - started[0])
+            assert wakeup == Wakeup(WakeupKind.CREATED, f"task-{n}", local=False)
+        print(f"create → wake-up latency: median {statistics.median(latencies) * 1000:.2f} ms")
+        assert max(latencies) < 1.0
+
+
+async def test_wakeup_kinds_and_cross_host_cancel(pg_schemas: SchemaFactory) -> None:
+    schema = await pg_schemas.migrated()
+    worker, api = pg_store(pg_schemas, schema), pg_store(pg_schemas, schema)
+    async with worker, api, subscribed(worker) as wakeups:
+        # created: heard by its own store too, marked local
+        await create(worker, "task-1")
+        assert await next_wakeup(wakeups) == Wakeup(WakeupKind.CREATED, "task-1", local=True)
+        lease = await claimed(worker, "task-1")
+        # another host cancels: the worker's host hears it and can stop the attempt at once
+        cancel = RequestAuthority(await api.authorize(A, Action.CANCEL, "task-1"))
+        assert isinstance(await api.transition("task-1", 0, Event.cancelled(), cancel), Transition)
+        assert await next_wakeup(wakeups) == Wakeup(WakeupKind.CANCELLED, "task-1")
+        snapshot = await worker.worker_snapshot("task-1", lease)
+        assert isinstance(snapshot, Snapshot)
+        assert snapshot.task.status is TaskStatus.CANCELLED
+        await worker.release(lease)  # terminal: releasing wakes nobody
+
+        await create(api, "task-2", policy=RetryPolicy([5000]))
+        assert await next_wakeup(wakeups) == Wakeup(WakeupKind.CREATED, "task-2")
+        worker_auth = WorkerAuthority(await claimed(worker, "task-2"))
+        await worker.transition("task-2", 0, Event.input_requested("a", ASK), worker_auth)
+        update = RequestAuthority(await api.authorize(A, Action.UPDATE, "task-2"))
+        answer = Event.input_responses_accepted({"a": {"ok": True}})
+        assert isinstance(await api.transition("task-2", 1, answer, update), Transition)
+        assert await next_wakeup(wakeups) == Wakeup(WakeupKind.INPUT_ACCEPTED, "task-2")
+        retry = await worker.transition(
+            "task-2", 2, Event.retry_requested(ERROR, None), worker_auth
+        )
+        assert isinstance(retry, Transition)
+        due = retry.snapshot.retry_at
+        assert await next_wakeup(wakeups) == Wakeup(
+            WakeupKind.RETRY_SCHEDULED, "task-2", due_at=due, local=True
+        )
+        await worker.release(worker_auth.lease)
+        assert await next_wakeup(wakeups) == Wakeup(
+            WakeupKind.RELEASED, "task-2", due_at=due, local=True
+        )
+        # no-ops and worker results that leave nothing to do send nothing
+        stale_answer = Event.input_responses_accepted({"a": {}})
+        result = await api.transition("task-2", 3, stale_answer, update)
+        assert isinstance(result, Transition)
+        assert result.outcome == "unchanged"
+        await create(api, "task-3")
+        assert await next_wakeup(wakeups) == Wakeup(WakeupKind.CREATED, "task-3")
+
+
+async def test_wakeups_resync_after_losing_the_connection(pg_schemas: SchemaFactory) -> None:
+    schema = await pg_schemas.migrated()
+    app = f"tritask-resync-{schema}"
+    store = pg_store(pg_schemas, schema, application_name=app)
+    async with store, subscribed(store) as wakeups:
+        with connect(pg_schemas.dsn) as conn:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = %s",
+                (f"{app}-listen",),
+            )
+        assert await next_wakeup(wakeups) == Wakeup(WakeupKind.RESYNC, None)
+        await create(store, "task-1")
+        assert await next_wakeup(wakeups) == Wakeup(WakeupKind.CREATED, "task-1", local=True)
+
+
+async def test_closing_the_store_ends_its_wakeups(pg_schemas: SchemaFactory) -> None:
+    schema = await pg_schemas.migrated()
+    app = f"tritask-close-{schema}"
+    store = pg_store(pg_schemas, schema, application_name=app)
+    received: list[Wakeup] = []
+    async with store:
+
+        async def consume(task_status: trio.TaskStatus[None]) -> None:
+            wakeups = store.wakeups()
+            received.append(await wakeups.__anext__())
+            task_status.started()
+            async for wakeup in wakeups:
+                received.append(wakeup)
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(consume)
+            with trio.fail_after(5):
+                await store.aclose()
+    assert received == [Wakeup(WakeupKind.RESYNC, None)]
+    assert activity(pg_schemas.dsn, f"{app}-listen") == []
+
+
+# -- several hosts --------------------------------------------------------------------------------
+
+
+async def test_competing_claimers_across_stores_one_wins_per_task(
+    pg_schemas: SchemaFactory,
+) -> None:
+    schema = await pg_schemas.migrated()
+    hosts = [pg_store(pg_schemas, schema, pool_size=4) for _ in range(2)]
+    async with hosts[0], hosts[1]:
+        task_ids = [f"task-{n:02d}" for n in range(20)]
+        for task_id in task_ids:
+            await create(hosts[0], task_id, B)
+        results: dict[str, list[object]] = {task_id: [] for task_id in task_ids}
+
+        async def claim(host: int, task_id: str, worker: int) -> None:
+            owner = f"host-{host}-worker-{worker}"
+            results[task_id].append(await hosts[host].claim(task_id, owner, LEASE_MS))
+
+        async with trio.open_nursery() as nursery:
+            for task_id in task_ids:
+                for host in (0, 1):
+                    for worker in (0, 1):
+                        nursery.start_soon(claim, host, task_id, worker)
+        for task_id, outcomes in results.items():
+            wins = [r for r in outcomes if isinstance(r, Claimed)]
+            assert len(wins) == 1, (task_id, outcomes)
+            assert outcomes.count(UNAVAILABLE) == 3
+            assert wins[0].lease.generation == 1
+        # the winner's lease works on the other host's store object too: same schema, same store
+        win = next(r for r in results["task-00"] if isinstance(r, Claimed))
+        other = hosts[1] if win.lease.owner_id.startswith("host-0") else hosts[0]
+        assert isinstance(await other.worker_snapshot("task-00", win.lease), Snapshot)
+
+
+async def test_claim_next_hands_out_distinct_tasks_under_contention(
+    pg_schemas: SchemaFactory,
+) -> None:
+    schema = await pg_schemas.migrated()
+    hosts = [pg_store(pg_schemas, schema, pool_size=5, max_active_tasks_per_scope=None)]
+    hosts.append(pg_store(pg_schemas, schema, pool_size=5, max_active_tasks_per_scope=None))
+    async with hosts[0], hosts[1]:
+        for n in range(40):
+            await create(hosts[n % 2], f"task-{n:02d}")
+        taken: list[str] = []
+
+        async def worker(host: PostgresStore, name: str) -> None:
+            while (result := await host.claim_next(name, LEASE_MS)) is not None:
+                taken.append(result.snapshot.task.id)
+
+        async with trio.open_nursery() as nursery:
+            for n in range(10):
+                nursery.start_soon(worker, hosts[n % 2], f"worker-{n}")
+        assert sorted(taken) == [f"task-{n:02d}" for n in range(40)]
+        assert await hosts[0].claim_next("late", LEASE_MS) is None
+
+
+@pytest.mark.parametrize("limit", ["max_active_tasks_per_scope", "max_tasks"])
+async def test_capacity_race_across_stores_admits_exactly_the_limit(
+    pg_schemas: SchemaFactory, limit: str
+) -> None:
+    schema = await pg_schemas.migrated()
+    options: dict[str, Any] = {"max_tasks": None, "max_active_tasks_per_scope": None}
+    options[limit] = 5
+    hosts = [pg_store(pg_schemas, schema, pool_size=10, **options) for _ in range(2)]
+    async with hosts[0], hosts[1]:
+        outcomes: list[object] = []
+
+        async def attempt(n: int) -> None:
+            ctx = A if limit == "max_active_tasks_per_scope" else tenant(f"t-{n}")
+            try:
+                outcomes.append(await create(hosts[n % 2], f"task-{n:02d}", ctx))
+            except CapacityExceeded as exc:
+                outcomes.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            for n in range(20):
+                nursery.start_soon(attempt, n)
+        created = [o for o in outcomes if isinstance(o, Snapshot)]
+        refused = [o for o in outcomes if isinstance(o, CapacityExceeded)]
+        assert len(created) == 5
+        assert [exc.limit for exc in refused] == [limit] * 15
+
+
+async def test_concurrent_transitions_across_stores_commit_exactly_one(
+    pg_schemas: SchemaFactory,
+) -> None:
+    schema = await pg_schemas.migrated()
+    hosts = [pg_store(pg_schemas, schema, pool_size=5) for _ in range(2)]
+    async with hosts[0], hosts[1]:
+        await create(hosts[0], "task-1")
+        worker = WorkerAuthority(await claimed(hosts[0], "task-1"))
+        results: list[object] = []
+
+        async def write(n: int) -> None:
+            event = Event.input_requested(f"key-{n}", ASK)
+            results.append(await hosts[n % 2].transition("task-1", 0, event, worker))
+
+        async with trio.open_nursery() as nursery:
+            for n in range(10):
+                nursery.start_soon(write, n)
+        applied = [r for r in results if isinstance(r, Transition)]
+        assert len(applied) == 1
+        assert sum(isinstance(r, Conflict) for r in results) == 9
+        [entry] = await hosts[1].history("task-1")
+        assert (entry.revision, entry.committed_at) == (1, applied[0].committed_at)
+        assert entry.event.data["key"] in applied[0].snapshot.task.used_input_keys
+
+
+# -- database time --------------------------------------------------------------------------------
+
+
+async def test_database_clock_decides_leases(pg_schemas: SchemaFactory) -> None:
+    schema = await pg_schemas.migrated()
+    async with pg_store(pg_schemas, schema) as store:
+        first, second = await store.now(), await store.now()
+        assert abs(first - time.time_ns() // 1000) < 5_000_000
+        assert second > first
+        await create(store, "task-1")
+        result = await store.claim("task-1", "owner-1", 300)
+        assert isinstance(result, Claimed)
+        lease = result.lease
+        assert first < lease.expires_at - 300_000 <= await store.now()
+        assert await store.claim("task-1", "owner-2", 300) is UNAVAILABLE
+        await trio.sleep(0.4)
+        again = await store.claim_next("owner-2", LEASE_MS)
+        assert again is not None
+        assert again.lease.generation == 2
+        with pytest.raises(StaleLease):
+            await store.renew(lease, 300)
+
+
+async def test_commit_times_step_one_microsecond(pg_schemas: SchemaFactory) -> None:
+    schema = await pg_schemas.migrated()
+    clock = ManualClock()
+    async with pg_store(pg_schemas, schema, clock=clock) as store:
+        await create(store, "task-1")
+        worker = WorkerAuthority(await claimed(store, "task-1"))
+        first = await store.transition("task-1", 0, Event.input_requested("a", ASK), worker)
+        second = await store.transition("task-1", 1, Event.input_requested("b", ASK), worker)
+        assert isinstance(first, Transition)
+        assert isinstance(second, Transition)
+        assert (first.committed_at, second.committed_at) == (START + 1, START + 2)
+
+
+# -- storage --------------------------------------------------------------------------------------
+
+
+async def test_ledger_records_applied_events_only(pg_schemas: SchemaFactory) -> None:
+    schema = await pg_schemas.migrated()
+    clock = ManualClock()
+    async with pg_store(pg_schemas, schema, clock=clock) as store:
+        await create(store, "task-1", policy=RetryPolicy([1000]))
+        worker = WorkerAuthority(await claimed(store, "task-1"))
+        asked = Event.input_requested("a", ASK, id="ask")
+        first = await store.transition("task-1", 0, asked, worker)
+        assert isinstance(first, Transition)
+        assert (await store.transition("task-1", 0, asked, worker)).outcome == "duplicate"  # type: ignore[union-attr]
+        clock.advance(10)
+        update = RequestAuthority(await store.authorize(A, Action.UPDATE, "task-1"))
+        answer = Event.input_responses_accepted({"a": {"v": 1}, "zzz": {}}, id="answer")
+        second = await store.transition("task-1", 1, answer, update)
+        assert isinstance(second, Transition)
+        unknown = Event.input_responses_accepted({"zzz": {}})
+        assert (await store.transition("task-1", 2, unknown, update)).outcome == "unchanged"  # type: ignore[union-attr]
+        assert await store.history("task-1") == [
+            LedgerEntry(event=asked, revision=1, committed_at=first.committed_at,
+                        effects=Effects.none()),
+            LedgerEntry(event=answer, revision=2, committed_at=second.committed_at,
+                        effects=Effects(accepted_input_responses={"a": {"v": 1}})),
+        ]  # fmt: skip
+        assert await store.history("nope") == []
+        page = await store.audit()
+        assert (page.checked, page.findings, page.next_after) == (("task-1",), (), None)
+
+
+async def test_values_round_trip_exactly(pg_schemas: SchemaFactory) -> None:
+    schema = await pg_schemas.migrated()
+    scope_value = {"org": "ünï\u0000code", "n": 1.0}
+    async with pg_store(pg_schemas, schema, scope=lambda ctx: ctx) as store:
+        await create(store, "task-1", scope_value)
+        worker = WorkerAuthority(await claimed(store, "task-1"))
+        result = {"big": 10**30, "float": 1e100, "tiny": 5e-324, "neg": -0.0, "nul": "a\u0000b",
+                  "emoji": "🦀", "nested": [{"x": [1, 2.5, None, True]}]}  # fmt: skip
+        done = await store.transition("task-1", 0, Event.completed(result), worker)
+        assert isinstance(done, Transition)
+        get = await store.authorize(scope_value, Action.GET, "task-1")
+        snapshot = await store.get("task-1", get)
+        assert snapshot == done.snapshot
+        assert isinstance(snapshot, Snapshot)
+        stored = snapshot.task.result
+        assert stored == result
+        assert stored is not None
+        assert type(stored["big"]) is int
+        assert type(stored["float"]) is float
+        other = await store.authorize({"org": "ünï\u0000code", "n": 1}, Action.GET, "task-1")
+        assert await store.get("task-1", other) is NOT_FOUND  # 1 and 1.0 are different scopes
+
+
+async def test_corrupt_rows_fail_closed(pg_schemas: SchemaFactory) -> None:
+    schema = await pg_schemas.migrated()
+    tasks = sql.SQL("{}.tasks").format(sql.Identifier(schema))
+    async with pg_store(pg_schemas, schema) as store:
+        for task_id in ("task-1", "task-2", "task-3"):
+            await create(store, task_id)
+        raw_execute(
+            pg_schemas.dsn,
+            sql.SQL("UPDATE {} SET status = 'completed' WHERE task_id = 'task-1'").format(tasks),
+        )
+        raw_execute(
+            pg_schemas.dsn,
+            sql.SQL("""UPDATE {} SET record = '{{"version": 9}}' WHERE task_id = 'task-2'""")
+            .format(tasks),
+        )  # fmt: skip
+        for task_id, reason in (("task-1", "projection status"), ("task-2", "undecodable")):
+            get = await store.authorize(A, Action.GET, task_id)
+            with pytest.raises(CorruptStore, match=reason) as caught:
+                await store.get(task_id, get)
+            assert caught.value.task_id == task_id
+            with pytest.raises(CorruptStore):
+                await store.claim(task_id, "owner", LEASE_MS)
+        page = await store.audit(limit=2)
+        assert page.checked == ("task-1", "task-2")
+        assert [f.task_id for f in page.findings] == ["task-1", "task-2"]
+        assert page.next_after == "task-2"
+        rest = await store.audit(limit=2, after=page.next_after)
+        assert (rest.checked, rest.findings, rest.next_after) == (("task-3",), (), None)
+
+
+async def test_reap_works_in_bounded_batches(pg_schemas: SchemaFactory) -> None:
+    schema = await pg_schemas.migrated()
+    clock = ManualClock()
+    async with pg_store(pg_schemas, schema, clock=clock, reap_batch_size=3) as store:
+        for n in range(7):
+            await create(store, f"task-{6 - n}", ttl_ms=1000)  # expiry order differs from ids
+            clock.advance(1)
+        await create(store, "keep", ttl_ms=None)
+        clock.advance(60_000)
+        batches = [await store.reap() for _ in range(4)]
+        assert batches == [["task-4", "task-5", "task-6"], ["task-1", "task-2", "task-3"],
+                           ["task-0"], []]  # fmt: skip
+        get = await store.authorize(A, Action.GET, "keep")
+        assert isinstance(await store.get("keep", get), Snapshot)
