@@ -22,6 +22,7 @@ from stress.common import (
     dump_report,
     make_report,
     open_stress_store,
+    prepared_store_url,
     seed_trio_scheduler,
     task_prefix,
 )
@@ -164,11 +165,12 @@ def run_stress(
     async def main() -> None:
         if mock:
             seed_trio_scheduler(seed)
-        store: Store = open_stress_store(store_url, mock_clock=mock)
-        if fault is not None:
-            store = FAULTS[fault](store)
-        async with store:
-            checks, timings = await workload(store, prefix, progress)
+        async with prepared_store_url(store_url) as url:
+            store: Store = open_stress_store(url, mock_clock=mock)
+            if fault is not None:
+                store = FAULTS[fault](store)
+            async with store:
+                checks, timings = await workload(store, prefix, progress)
         outcome["checks"], outcome["timings"] = checks, timings
 
     started = time.perf_counter()

@@ -12,11 +12,15 @@ A report is one JSON object (``schemaVersion`` 1):
 
 from __future__ import annotations
 
+import importlib
 import json
 import random
 import sys
 import time
-from collections.abc import Mapping
+import urllib.parse
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from typing import Any, Final, TextIO
 
 import trio
@@ -34,6 +38,7 @@ __all__ = [
     "dump_report",
     "make_report",
     "open_stress_store",
+    "prepared_store_url",
     "seed_trio_scheduler",
     "task_prefix",
 ]
@@ -145,6 +150,42 @@ def open_stress_store(url: str, *, mock_clock: bool, **options: Any) -> Store:
         return open_store(url, **{**limits, **options})
     except TypeError:
         return open_store(url, **options)
+
+
+@asynccontextmanager
+async def prepared_store_url(url: str) -> AsyncIterator[str]:
+    """A store URL ready to open: PostgreSQL gets a fresh, migrated schema, dropped afterwards.
+
+    A URL that already names ``?schema=`` is migrated (idempotent) and kept.
+    """
+    if store_scheme(url) not in ("postgresql", "postgres"):
+        yield url
+        return
+    migrate: Any = importlib.import_module("tritask_postgres").migrate
+
+    parts = urllib.parse.urlsplit(url)
+    pairs = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    if any(key == "schema" for key, _ in pairs):
+        await migrate(url)
+        yield url
+        return
+    schema = f"tritask_stress_{uuid.uuid4().hex[:12]}"
+    query = urllib.parse.urlencode([*pairs, ("schema", schema)])
+    prepared = urllib.parse.urlunsplit(parts._replace(query=query))
+    await migrate(prepared)
+    try:
+        yield prepared
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(_drop_schema, urllib.parse.urlunsplit(parts), schema)
+
+
+def _drop_schema(dsn: str, schema: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
 class Progress:

@@ -1,13 +1,148 @@
-"""Registration of the ``bench`` subcommands."""
+"""``python -m stress bench {core,tasks,scale,soak}``: benchmarks with their baselines."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import json
+import sys
+from collections.abc import Awaitable, Callable
 from typing import Any
+
+import trio
+
+
+def _positive(value: str) -> int:
+    number = int(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError("expected a positive integer")
+    return number
+
+
+def _positive_float(value: str) -> float:
+    number = float(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError("expected a positive number")
+    return number
 
 
 def register_bench(commands: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
-    bench = commands.add_parser("bench", help="benchmarks with their baselines")
+    bench = commands.add_parser("bench", help="benchmarks, each with its baseline in the same run")
     kinds = bench.add_subparsers(dest="bench_command", required=True)
-    del kinds, common
+
+    core = kinds.add_parser("core", help="tools/call over Streamable HTTP: tritask vs mcp 2.3.0")
+    common(core)
+    core.add_argument("--concurrency", type=_positive, nargs="+", default=[1, 32])
+    core.add_argument("--seconds", type=_positive_float, default=5.0, help="per measurement")
+    core.add_argument("--warmup", type=float, default=1.0, help="seconds before measuring")
+    core.add_argument("--repeats", type=_positive, default=3, help="alternating runs per side")
+    core.add_argument("--no-pin", action="store_true", help="do not pin client/servers to CPUs")
+    core.add_argument(
+        "--mcp-json-response",
+        action="store_true",
+        help="run the mcp server with json_response=True (default: its SSE-capable default)",
+    )
+    core.set_defaults(handler=_handle_core)
+
+    for name, helptext in (
+        ("tasks", "tasks end to end over HTTP vs the store's raw commit limit"),
+        ("scale", "the tasks benchmark with 1, 2 and 4 runner processes"),
+    ):
+        parser = kinds.add_parser(name, help=helptext)
+        common(parser)
+        parser.add_argument(
+            "--store",
+            default="memory:" if name == "tasks" else None,
+            required=name == "scale",
+            help="memory:, sqlite:PATH (sqlite:auto = a fresh temporary file), postgresql://...",
+        )
+        parser.add_argument("--tasks", type=_positive, default=2_000)
+        parser.add_argument("--clients", type=_positive, default=16)
+        parser.add_argument("--sqlite-synchronous", default="FULL", choices=["FULL", "NORMAL"])
+        parser.add_argument("--pg-connections", type=_positive, default=4, help="raw loop")
+        if name == "scale":
+            parser.add_argument("--processes", type=_positive, nargs="+", default=[1, 2, 4])
+            parser.set_defaults(handler=_handle_scale)
+        else:
+            parser.add_argument("--no-raw", action="store_true", help="skip the raw-limit loop")
+            parser.set_defaults(handler=_handle_tasks)
+
+    soak = kinds.add_parser("soak", help="100k tasks on the memory store: RSS at 10k vs 100k")
+    common(soak)
+    soak.add_argument("--tasks", type=_positive, default=100_000)
+    soak.add_argument("--checkpoint", type=_positive, default=10_000)
+    soak.add_argument("--batch", type=_positive, default=500)
+    soak.add_argument("--ttl-ms", type=_positive, default=1_000)
+    soak.add_argument("--reap-interval-ms", type=_positive, default=200)
+    soak.set_defaults(handler=_handle_soak)
+
+
+def _run(args: argparse.Namespace, fn: Callable[[], Awaitable[dict[str, Any]]]) -> int:
+    result = trio.run(fn)
+    if args.json:
+        sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
+    else:
+        _print(result)
+    sys.stdout.flush()
+    return 0 if result.get("ok", True) and result.get("errors", 0) == 0 else 1
+
+
+def _print(result: dict[str, Any]) -> None:
+    print(f"bench {result['name']}: {json.dumps(result['params'], sort_keys=True)}")
+    print(f"  tritask:  {json.dumps(result['tritask'], sort_keys=True)}")
+    print(f"  baseline: {json.dumps(result['baseline'], sort_keys=True)}")
+    print(f"  ratio:    {json.dumps(result['ratio'], sort_keys=True)}")
+    print(f"  target met: {result['target_met']}")
+
+
+def _handle_core(args: argparse.Namespace) -> int:
+    from stress.bench.benchmarks import CoreParams, bench_core
+
+    params = CoreParams(
+        concurrency=tuple(args.concurrency),
+        seconds=args.seconds,
+        warmup_seconds=args.warmup,
+        repeats=args.repeats,
+        pin=not args.no_pin,
+        mcp_json_response=args.mcp_json_response,
+    )
+    return _run(args, lambda: bench_core(params))
+
+
+def _tasks_params(args: argparse.Namespace, **extra: Any) -> Any:
+    from stress.bench.benchmarks import TasksParams
+
+    return TasksParams(
+        store=args.store,
+        tasks=args.tasks,
+        clients=args.clients,
+        sqlite_synchronous=args.sqlite_synchronous,
+        pg_connections=args.pg_connections,
+        **extra,
+    )
+
+
+def _handle_tasks(args: argparse.Namespace) -> int:
+    from stress.bench.benchmarks import bench_tasks
+
+    params = _tasks_params(args, raw=not args.no_raw)
+    return _run(args, lambda: bench_tasks(params))
+
+
+def _handle_scale(args: argparse.Namespace) -> int:
+    from stress.bench.benchmarks import bench_scale
+
+    params = _tasks_params(args)
+    return _run(args, lambda: bench_scale(params, tuple(args.processes)))
+
+
+def _handle_soak(args: argparse.Namespace) -> int:
+    from stress.bench.benchmarks import SoakParams, bench_soak
+
+    params = SoakParams(
+        tasks=args.tasks,
+        checkpoint=args.checkpoint,
+        batch=args.batch,
+        ttl_ms=args.ttl_ms,
+        reap_interval_ms=args.reap_interval_ms,
+    )
+    return _run(args, lambda: bench_soak(params))

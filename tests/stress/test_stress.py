@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -159,3 +161,27 @@ def test_text_output_without_json() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.rstrip().endswith("Invariants: passed")
     assert "\r" not in done.stderr  # no progress bar when stderr is not a terminal
+
+
+SQL_STORES = []
+if importlib.util.find_spec("tritask_sqlite") is not None:
+    SQL_STORES.append("sqlite")
+if os.environ.get("TRITASK_TEST_POSTGRES_DSN") and importlib.util.find_spec("tritask_postgres"):
+    SQL_STORES.append("postgresql")
+
+
+@pytest.mark.parametrize("kind", SQL_STORES or [pytest.param("none", marks=pytest.mark.skip)])
+def test_workloads_on_the_sql_stores(kind: str, tmp_path: Path) -> None:
+    if kind == "sqlite":
+        url = f"sqlite:{tmp_path / 'stress.db'}"
+    else:
+        url = os.environ["TRITASK_TEST_POSTGRES_DSN"]
+    status, report = run("cas", "--store", url, "--tasks", "3", "--writers", "4", "--depth", "3")
+    assert status == 0, report["invariants"]
+    assert report["params"]["clock"] == "real"
+    assert report["invariants"]["ledgerTasksChecked"] == 3
+    status, report = run(
+        "runner", "--store", url, "--rounds", "1", "--batch", "7", "--lease-ms", "300"
+    )
+    assert status == 0, report["invariants"]
+    assert report["invariants"]["jobsPerRunner"]["B"]["started"] >= 1

@@ -1,0 +1,503 @@
+"""The benchmarks: each measures tritask and its baseline in the same run.
+
+Every result is one JSON object with ``name``, ``params``, ``tritask``, ``baseline``, ``ratio``
+and ``target_met`` (plus ``machine`` and ``schemaVersion``). Servers run in their own processes
+(:mod:`stress.bench.servers`); the load comes from :mod:`stress.bench.loadgen`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import trio
+
+from stress.bench.loadgen import (
+    TASKS_ID,
+    TOOL_CHECK,
+    HttpConnection,
+    McpRequest,
+    run_load,
+    summarize,
+)
+from stress.bench.raw import raw_limit
+from stress.common import prepared_store_url
+from tritask.tasks.stores import store_scheme
+
+__all__ = [
+    "CoreParams",
+    "ServerProcess",
+    "SoakParams",
+    "TasksParams",
+    "bench_core",
+    "bench_scale",
+    "bench_soak",
+    "bench_tasks",
+    "machine",
+]
+
+SCHEMA_VERSION = 1
+
+
+def machine() -> dict[str, Any]:
+    model = platform.processor() or "?"
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "cpus": os.cpu_count(),
+        "cpuModel": model,
+        "python": platform.python_version(),
+        "trio": trio.__version__,
+        "platform": platform.platform(),
+    }
+
+
+def _result(
+    name: str,
+    params: dict[str, Any],
+    tritask: Any,
+    baseline: Any,
+    ratio: Any,
+    target_met: bool | None,
+    **extra: Any,
+) -> dict[str, Any]:
+    return {
+        "schemaVersion": SCHEMA_VERSION,
+        "name": name,
+        "params": params,
+        "tritask": tritask,
+        "baseline": baseline,
+        "ratio": ratio,
+        "target_met": target_met,
+        "machine": machine(),
+        **extra,
+    }
+
+
+# -- server processes ---------------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class ServerProcess:
+    """A benchmark server in a child process; closing its stdin stops it."""
+
+    process: trio.Process
+    port: int
+
+    @classmethod
+    @asynccontextmanager
+    async def start(
+        cls, kind: str, *options: str, cpu: int | None = None
+    ) -> AsyncIterator[ServerProcess]:
+        argv = [sys.executable, "-m", "stress.bench.servers", kind, *options]
+        if cpu is not None:
+            argv += ["--cpu", str(cpu)]
+        process = await trio.lowlevel.open_process(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None
+        )
+        try:
+            assert process.stdout is not None
+            line = b""
+            with trio.fail_after(60):
+                while not line.endswith(b"\n"):
+                    chunk = await process.stdout.receive_some(1)
+                    if not chunk:
+                        raise RuntimeError(f"benchmark server {kind} exited before it was ready")
+                    line += chunk
+            word, _, port = line.decode().strip().partition(" ")
+            if word != "READY":
+                raise RuntimeError(f"benchmark server {kind} said {line!r}")
+            yield cls(process, int(port))
+        finally:
+            with trio.CancelScope(shield=True):
+                if process.stdin is not None:
+                    await process.stdin.aclose()
+                with trio.move_on_after(15):
+                    await process.wait()
+                if process.returncode is None:
+                    process.kill()
+                    await process.wait()
+
+
+def _pin_self(cpu: int | None) -> None:
+    if cpu is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {cpu})
+
+
+# -- bench core ---------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class CoreParams:
+    concurrency: tuple[int, ...] = (1, 32)
+    seconds: float = 5.0
+    warmup_seconds: float = 1.0
+    repeats: int = 3
+    pin: bool = True
+    mcp_json_response: bool = False
+    ceiling: bool = True
+
+
+ECHO = McpRequest("tools/call", {"name": "echo", "arguments": {"text": "hello"}}, name="echo")
+
+
+async def bench_core(params: CoreParams) -> dict[str, Any]:
+    """Synchronous ``tools/call`` of a trivial tool: tritask vs ``mcp`` 2.3.0, same client."""
+    pinned = params.pin and (os.cpu_count() or 1) >= 2
+    server_cpu = 1 if pinned else None
+    _pin_self(0 if pinned else None)
+    mcp_options = ["--json-response"] if params.mcp_json_response else []
+    sides = ("tritask", "mcp", "ceiling") if params.ceiling else ("tritask", "mcp")
+    runs: dict[str, dict[int, list[dict[str, Any]]]] = {
+        side: {c: [] for c in params.concurrency} for side in sides
+    }
+    async with (
+        ServerProcess.start("core-tritask", cpu=server_cpu) as tritask_server,
+        ServerProcess.start("core-mcp", *mcp_options, cpu=server_cpu) as mcp_server,
+        ServerProcess.start("core-ceiling", cpu=server_cpu) as ceiling_server,
+    ):
+        ports = {
+            "tritask": tritask_server.port,
+            "mcp": mcp_server.port,
+            "ceiling": ceiling_server.port,
+        }
+        for repeat in range(params.repeats):
+            for concurrency in params.concurrency:
+                order = sides if repeat % 2 == 0 else tuple(reversed(sides))
+                for side in order:
+                    result = await run_load(
+                        "127.0.0.1",
+                        ports[side],
+                        ECHO,
+                        concurrency=concurrency,
+                        seconds=params.seconds,
+                        warmup_seconds=params.warmup_seconds,
+                        check=TOOL_CHECK,
+                    )
+                    runs[side][concurrency].append(
+                        {
+                            "requestsPerSecond": result.requests_per_second,
+                            "requests": result.requests,
+                            "errors": result.errors,
+                            "latencies": result.latencies,
+                        }
+                    )
+    figures: dict[str, dict[str, Any]] = {side: {} for side in sides}
+    for side, by_concurrency in runs.items():
+        for concurrency, repeats in by_concurrency.items():
+            latencies = [x for r in repeats for x in r["latencies"]]
+            figures[side][f"c{concurrency}"] = {
+                "requestsPerSecond": round(
+                    statistics.median(r["requestsPerSecond"] for r in repeats), 1
+                ),
+                "requestsPerSecondRuns": [round(r["requestsPerSecond"], 1) for r in repeats],
+                "requests": sum(r["requests"] for r in repeats),
+                "errors": sum(r["errors"] for r in repeats),
+                **summarize(latencies),
+            }
+    ratio = {
+        key: round(
+            figures["tritask"][key]["requestsPerSecond"]
+            / max(figures["mcp"][key]["requestsPerSecond"], 1e-9),
+            3,
+        )
+        for key in figures["tritask"]
+    }
+    errors = sum(v["errors"] for side in figures.values() for v in side.values())
+    extra: dict[str, Any] = {}
+    if params.ceiling:
+        extra["hypercornCeiling"] = figures["ceiling"]
+    return _result(
+        "core",
+        {
+            **attrs.asdict(params),
+            "tool": "echo",
+            "client": "raw HTTP/1.1 keep-alive over trio sockets (stress.bench.loadgen)",
+            "mcpServer": "mcp 2.3.0 MCPServer.streamable_http_app("
+            f"json_response={params.mcp_json_response}) on hypercorn's trio worker",
+            "pinned": {"client": 0, "servers": 1} if pinned else None,
+            "target": "tritask >= 2x mcp requests/s at every concurrency",
+        },
+        figures["tritask"],
+        figures["mcp"],
+        ratio,
+        errors == 0 and all(value >= 2.0 for value in ratio.values()),
+        errors=errors,
+        **extra,
+    )
+
+
+# -- bench tasks --------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class TasksParams:
+    store: str = "memory:"
+    tasks: int = 2_000
+    clients: int = 16
+    processes: int = 1
+    sqlite_synchronous: str = "FULL"
+    pg_connections: int = 4
+    raw: bool = True
+
+
+NOOP = McpRequest(
+    "tools/call",
+    {"name": "noop", "arguments": {}},
+    name="noop",
+    capabilities={"extensions": {TASKS_ID: {}}},
+)
+STATS = McpRequest("tools/call", {"name": "bench_stats", "arguments": {}}, name="bench_stats")
+
+
+def _get(task_id: str) -> McpRequest:
+    return McpRequest(
+        "tasks/get",
+        {"taskId": task_id},
+        name=task_id,
+        capabilities={"extensions": {TASKS_ID: {}}},
+    )
+
+
+async def _stats(conn: HttpConnection) -> dict[str, Any]:
+    status, message = await conn.call(STATS)
+    if status != 200 or "result" not in message:
+        raise RuntimeError(f"bench_stats failed: {status} {message}")
+    structured: dict[str, Any] = message["result"]["structuredContent"]
+    return structured
+
+
+def _fresh_store_url(url: str, workdir: str) -> str:
+    """``sqlite:`` with no path (or ``sqlite:auto``) gets a fresh file in a temporary folder."""
+    if store_scheme(url) == "sqlite" and url in ("sqlite:", "sqlite:auto"):
+        return f"sqlite:{os.path.join(workdir, 'bench.db')}"
+    return url
+
+
+async def _tasks_run(params: TasksParams, url: str) -> dict[str, Any]:
+    """Create ``tasks`` tasks over HTTP through ``processes`` servers; wait for all completed."""
+    options = ["--store", url, "--sqlite-synchronous", params.sqlite_synchronous]
+    async with _servers(params.processes, options) as servers:
+        ports = [server.port for server in servers]
+        stat_conns = [await HttpConnection.connect("127.0.0.1", port) for port in ports]
+        before = [await _stats(conn) for conn in stat_conns]
+        created: list[str] = []
+        latencies: list[float] = []
+        failures: list[str] = []
+        counter = iter(range(params.tasks))
+
+        async def client(index: int) -> None:
+            conn = await HttpConnection.connect("127.0.0.1", ports[index % len(ports)])
+            try:
+                for _ in counter:
+                    started = time.perf_counter()
+                    status, message = await conn.call(NOOP)
+                    latencies.append(time.perf_counter() - started)
+                    result = message.get("result") or {}
+                    if status == 200 and result.get("resultType") == "task":
+                        created.append(str(result["taskId"]))
+                    elif len(failures) < 5:
+                        failures.append(f"{status} {message.get('error')}")
+            finally:
+                await conn.aclose()
+
+        started = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            for index in range(params.clients):
+                nursery.start_soon(client, index)
+        created_at = time.perf_counter()
+        deadline = trio.current_time() + max(60.0, params.tasks / 20)
+        while True:
+            now = [await _stats(conn) for conn in stat_conns]
+            done = sum(n["completed"] - b["completed"] for n, b in zip(now, before, strict=True))
+            stops = sum(n["otherStops"] - b["otherStops"] for n, b in zip(now, before, strict=True))
+            if done + stops >= len(created) or trio.current_time() > deadline:
+                break
+            await trio.sleep(0.005)
+        finished = time.perf_counter()
+        writes = sum(n["writes"] - b["writes"] for n, b in zip(now, before, strict=True))
+        calls: dict[str, int] = {}
+        for n, b in zip(now, before, strict=True):
+            for name, value in n["calls"].items():
+                calls[name] = calls.get(name, 0) + value - b["calls"].get(name, 0)
+        sample = created[:: max(1, len(created) // 10)][:10]
+        statuses = []
+        for task_id in sample:
+            for conn in stat_conns:
+                status, message = await conn.call(_get(task_id))
+                if status == 200 and "result" in message:
+                    statuses.append(message["result"]["status"])
+                    break
+        for conn in stat_conns:
+            await conn.aclose()
+    elapsed = finished - started
+    return {
+        "tasksPerSecond": round(done / elapsed, 1) if elapsed > 0 else 0.0,
+        "completed": done,
+        "created": len(created),
+        "otherStops": stops,
+        "seconds": round(elapsed, 4),
+        "creationSeconds": round(created_at - started, 4),
+        "creationLatency": summarize(latencies),
+        "storeWritesPerTask": round(writes / max(done, 1), 3),
+        "storeCalls": calls,
+        "sampleStatuses": sorted(set(statuses)),
+        "failures": failures,
+    }
+
+
+@asynccontextmanager
+async def _servers(count: int, options: Sequence[str]) -> AsyncIterator[list[ServerProcess]]:
+    async with _servers_from(count, list(options)) as servers:
+        yield servers
+
+
+@asynccontextmanager
+async def _servers_from(count: int, options: list[str]) -> AsyncIterator[list[ServerProcess]]:
+    if count == 0:
+        yield []
+        return
+    async with (
+        ServerProcess.start("tasks", *options) as first,
+        _servers_from(count - 1, options) as rest,
+    ):
+        yield [first, *rest]
+
+
+async def bench_tasks(params: TasksParams) -> dict[str, Any]:
+    """End to end over HTTP vs the store's raw limit, in the same run."""
+    with tempfile.TemporaryDirectory(prefix="tritask-bench-") as workdir:
+        fresh = _fresh_store_url(params.store, workdir)
+        async with prepared_store_url(fresh) as url:
+            tritask = await _tasks_run(params, url)
+        commits = max(1, round(tritask["storeWritesPerTask"]))
+        baseline: dict[str, Any] | None = None
+        if params.raw:
+            baseline = await raw_limit(
+                fresh,
+                params.tasks,
+                commits,
+                sqlite_synchronous=params.sqlite_synchronous,
+                pg_connections=params.pg_connections,
+            )
+            baseline["commitsPerTask"] = commits
+    scheme = store_scheme(params.store)
+    ratio = None
+    if baseline is not None:
+        ratio = round(tritask["tasksPerSecond"] / max(baseline["tasksPerSecond"], 1e-9), 3)
+    durable = scheme in ("sqlite", "postgresql", "postgres")
+    target_met = None
+    ok = tritask["completed"] == params.tasks and tritask["sampleStatuses"] == ["completed"]
+    if durable and ratio is not None:
+        target_met = ok and ratio >= 0.7
+    return _result(
+        "tasks",
+        {
+            **attrs.asdict(params),
+            "store": scheme,
+            "executor": "no-op WorkExecutor",
+            "target": "tritask >= 70% of the raw limit (SQLite, PostgreSQL)" if durable else None,
+        },
+        tritask,
+        baseline,
+        ratio,
+        target_met,
+        ok=ok,
+    )
+
+
+async def bench_scale(
+    params: TasksParams, process_counts: Sequence[int] = (1, 2, 4)
+) -> dict[str, Any]:
+    """The tasks benchmark with 1, 2 and 4 runner processes on one database."""
+    runs: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="tritask-bench-") as workdir:
+        for count in process_counts:
+            async with prepared_store_url(_fresh_store_url(params.store, workdir)) as url:
+                runs[str(count)] = await _tasks_run(attrs.evolve(params, processes=count), url)
+    base = runs[str(process_counts[0])]["tasksPerSecond"]
+    speedup = {key: round(run["tasksPerSecond"] / max(base, 1e-9), 3) for key, run in runs.items()}
+    ok = all(run["completed"] == params.tasks for run in runs.values())
+    return _result(
+        "scale",
+        {
+            **attrs.asdict(params),
+            "store": store_scheme(params.store),
+            "processCounts": list(process_counts),
+            "target": None,
+        },
+        {key: run for key, run in runs.items() if key != str(process_counts[0])},
+        runs[str(process_counts[0])],
+        speedup,
+        None,
+        ok=ok,
+    )
+
+
+# -- bench soak ---------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class SoakParams:
+    tasks: int = 100_000
+    checkpoint: int = 10_000
+    batch: int = 500
+    ttl_ms: int = 1_000
+    reap_interval_ms: int = 200
+
+
+async def bench_soak(params: SoakParams) -> dict[str, Any]:
+    """100k tasks through the memory store with reaping; peak RSS at 10k vs 100k tasks."""
+    argv = [
+        sys.executable,
+        "-m",
+        "stress.bench.servers",
+        "soak",
+        "--tasks",
+        str(params.tasks),
+        "--checkpoints",
+        str(params.checkpoint),
+        "--batch",
+        str(params.batch),
+        "--ttl-ms",
+        str(params.ttl_ms),
+        "--reap-interval-ms",
+        str(params.reap_interval_ms),
+    ]
+    done = await trio.run_process(argv, capture_stdout=True, capture_stderr=False)
+    figures: dict[str, Any] = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    points = figures["checkpoints"]
+    early = points[str(params.checkpoint)]
+    late = points[str(params.tasks)]
+    ratio = round(late["peakRssKiB"] / max(early["peakRssKiB"], 1), 4)
+    ok = figures["completed"] == params.tasks
+    return _result(
+        "soak",
+        {**attrs.asdict(params), "store": "memory", "target": "peak RSS growth < 10%"},
+        {
+            "at": params.tasks,
+            **late,
+            "tasksPerSecond": round(params.tasks / figures["wallSeconds"], 1),
+        },
+        {"at": params.checkpoint, **early},
+        ratio,
+        ok and ratio < 1.10,
+        ok=ok,
+        completed=figures["completed"],
+    )

@@ -1,0 +1,242 @@
+"""The raw limit of a store: a minimal loop of fenced durable commits straight on the database.
+
+Per task it does what the store must at least do, and no more: one ``INSERT`` commit, then
+``commits - 1`` fenced ``UPDATE … WHERE task_id = ? AND generation = ? AND owner = ?`` commits
+(each checked for exactly one row), every one its own transaction, with the store's durability
+settings (SQLite: WAL, the same ``synchronous``, ``BEGIN IMMEDIATE``, one connection, like the
+store; PostgreSQL: the server's ``synchronous_commit``, ``connections`` concurrent
+connections). Calls go through ``trio.to_thread`` as the stores' do, so the loop pays the same
+thread hop per commit and nothing else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import sqlite3
+import tempfile
+import time
+import uuid
+from typing import Any
+
+import trio
+
+from tritask.tasks.model import new_task, snapshot_to_json
+from tritask.tasks.stores import store_scheme
+
+__all__ = ["raw_limit", "raw_memory", "raw_postgres", "raw_sqlite"]
+
+START = 1_787_565_600_000_000
+
+
+def _document(task_id: str) -> str:
+    """A JSON document the size of a real aggregate record."""
+    from tritask.tasks.model import initial_snapshot
+    from tritask.tasks.work import Work
+
+    task = new_task(task_id, START, 3_600_000, 250)
+    work = Work(idempotency_key=task_id, type="tools/call", input={"name": "noop", "arguments": {}})
+    return json.dumps(snapshot_to_json(initial_snapshot(task, work)), separators=(",", ":"))
+
+
+async def raw_sqlite(
+    tasks: int, commits: int, *, synchronous: str = "FULL", path: str | None = None
+) -> dict[str, Any]:
+    owned = path is None
+    if path is None:
+        handle, path = tempfile.mkstemp(prefix="tritask-raw-", suffix=".db")
+        os.close(handle)
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=5.0)
+    try:
+        conn.execute("PRAGMA busy_timeout = 5000")
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute(f"PRAGMA synchronous = {synchronous}")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS raw_tasks (task_id TEXT PRIMARY KEY, owner TEXT,"
+            " generation INTEGER NOT NULL, doc TEXT NOT NULL)"
+        )
+        lock = trio.Lock()
+        doc = _document("raw")
+
+        def insert(task_id: str) -> None:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(
+                "INSERT INTO raw_tasks (task_id, owner, generation, doc) VALUES (?, ?, 0, ?)",
+                (task_id, "raw", doc),
+            )
+            conn.execute("COMMIT")
+
+        def fenced(task_id: str, generation: int) -> None:
+            conn.execute("BEGIN IMMEDIATE")
+            cursor = conn.execute(
+                "UPDATE raw_tasks SET generation = generation + 1, doc = ?"
+                " WHERE task_id = ? AND generation = ? AND owner = ?",
+                (doc, task_id, generation, "raw"),
+            )
+            if cursor.rowcount != 1:
+                conn.execute("ROLLBACK")
+                raise RuntimeError("fenced update matched no row")
+            conn.execute("COMMIT")
+
+        prefix = uuid.uuid4().hex[:8]
+        started = time.perf_counter()
+        for n in range(tasks):
+            task_id = f"{prefix}-{n}"
+            async with lock:
+                await trio.to_thread.run_sync(insert, task_id)
+            for generation in range(commits - 1):
+                async with lock:
+                    await trio.to_thread.run_sync(fenced, task_id, generation)
+        elapsed = time.perf_counter() - started
+    finally:
+        conn.close()
+        if owned:
+            for suffix in ("", "-wal", "-shm"):
+                with contextlib.suppress(OSError):
+                    os.unlink(path + suffix)
+    return {
+        "tasksPerSecond": round(tasks / elapsed, 1),
+        "commitsPerSecond": round(tasks * commits / elapsed, 1),
+        "seconds": round(elapsed, 4),
+        "settings": {"journal_mode": "WAL", "synchronous": synchronous, "connections": 1},
+    }
+
+
+async def raw_postgres(
+    dsn: str, tasks: int, commits: int, *, connections: int = 4
+) -> dict[str, Any]:
+    import psycopg
+
+    table = f"tritask_bench_raw_{uuid.uuid4().hex[:12]}"
+    conns = [
+        await trio.to_thread.run_sync(lambda: psycopg.connect(dsn, autocommit=False))
+        for _ in range(connections)
+    ]
+    try:
+        setup = conns[0]
+
+        def create() -> str:
+            with setup.cursor() as cur:
+                cur.execute(
+                    f"CREATE TABLE {table} (task_id text PRIMARY KEY, owner text,"
+                    " generation bigint NOT NULL, doc jsonb NOT NULL)"
+                )
+                cur.execute("SHOW synchronous_commit")
+                row = cur.fetchone()
+            setup.commit()
+            return str(row[0]) if row else "?"
+
+        synchronous_commit = await trio.to_thread.run_sync(create)
+        doc = _document("raw")
+        prefix = uuid.uuid4().hex[:8]
+        counter = iter(range(tasks))
+
+        def insert(conn: Any, task_id: str) -> None:
+            with conn.cursor() as cur:
+                cur.execute(
+                    f"INSERT INTO {table} (task_id, owner, generation, doc) VALUES (%s, %s, 0, %s)",
+                    (task_id, "raw", doc),
+                )
+            conn.commit()
+
+        def fenced(conn: Any, task_id: str, generation: int) -> None:
+            with conn.cursor() as cur:
+                cur.execute(
+                    f"UPDATE {table} SET generation = generation + 1, doc = %s"
+                    " WHERE task_id = %s AND generation = %s AND owner = %s",
+                    (doc, task_id, generation, "raw"),
+                )
+                if cur.rowcount != 1:
+                    conn.rollback()
+                    raise RuntimeError("fenced update matched no row")
+            conn.commit()
+
+        async def worker(conn: Any) -> None:
+            for n in counter:
+                task_id = f"{prefix}-{n}"
+                await trio.to_thread.run_sync(insert, conn, task_id)
+                for generation in range(commits - 1):
+                    await trio.to_thread.run_sync(fenced, conn, task_id, generation)
+
+        started = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            for conn in conns:
+                nursery.start_soon(worker, conn)
+        elapsed = time.perf_counter() - started
+
+        def drop() -> None:
+            with setup.cursor() as cur:
+                cur.execute(f"DROP TABLE {table}")
+            setup.commit()
+
+        await trio.to_thread.run_sync(drop)
+    finally:
+        for conn in conns:
+            conn.close()
+    return {
+        "tasksPerSecond": round(tasks / elapsed, 1),
+        "commitsPerSecond": round(tasks * commits / elapsed, 1),
+        "seconds": round(elapsed, 4),
+        "settings": {"synchronous_commit": synchronous_commit, "connections": connections},
+    }
+
+
+async def raw_memory(tasks: int) -> dict[str, Any]:
+    """The memory store's own limit: its operations called directly, no runner, no HTTP."""
+    from tritask.tasks.events import Event
+    from tritask.tasks.memory import MemoryStore
+    from tritask.tasks.store import Action, Claimed, WorkerAuthority
+    from tritask.tasks.work import Work
+
+    store = MemoryStore(scope="shared", max_tasks=None, max_active_tasks_per_scope=None)
+    result = {"content": [], "isError": False}
+    started = time.perf_counter()
+    async with store:
+        for n in range(tasks):
+            task_id = f"raw-{n}"
+            access = await store.authorize(None, Action.CREATE, task_id)
+            work = Work(idempotency_key=task_id, type="noop", input={})
+            await store.create(new_task(task_id, await store.now(), None, None), work, access)
+            claimed = await store.claim(task_id, "raw", 30_000)
+            assert isinstance(claimed, Claimed)
+            await store.transition(
+                task_id, 0, Event.completed(result), WorkerAuthority(claimed.lease)
+            )
+            await store.release(claimed.lease)
+    elapsed = time.perf_counter() - started
+    return {
+        "tasksPerSecond": round(tasks / elapsed, 1),
+        "seconds": round(elapsed, 4),
+        "settings": {"operations": "authorize, create, claim, transition, release"},
+    }
+
+
+def _scratch_file_beside(url: str) -> str:
+    """A new file in the store's own directory (so both loops write to the same disk)."""
+    sqlite: Any = importlib.import_module("tritask_sqlite")
+    directory = os.path.dirname(os.path.abspath(sqlite.path_from_url(url)))
+    handle, path = tempfile.mkstemp(prefix="tritask-raw-", suffix=".db", dir=directory)
+    os.close(handle)
+    return path
+
+
+async def raw_limit(
+    url: str, tasks: int, commits: int, *, sqlite_synchronous: str, pg_connections: int
+) -> dict[str, Any]:
+    scheme = store_scheme(url)
+    if scheme == "sqlite":
+        path = _scratch_file_beside(url)
+        try:
+            return await raw_sqlite(tasks, commits, synchronous=sqlite_synchronous, path=path)
+        finally:
+            for suffix in ("", "-wal", "-shm"):
+                with contextlib.suppress(OSError):
+                    os.unlink(path + suffix)
+    if scheme in ("postgresql", "postgres"):
+        migrations: Any = importlib.import_module("tritask_postgres._migrations")
+        dsn, _ = migrations.split_store_url(url)
+        return await raw_postgres(dsn, tasks, commits, connections=pg_connections)
+    return await raw_memory(tasks)

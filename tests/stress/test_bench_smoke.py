@@ -1,0 +1,102 @@
+"""Each benchmark with tiny sizes: it runs to the end and reports the documented JSON keys.
+
+The real benchmarks are never run by the test command (see docs/benchmarks.md); SQLite runs when
+its package imports, PostgreSQL only when ``TRITASK_TEST_POSTGRES_DSN`` is set.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+KEYS = {"name", "params", "tritask", "baseline", "ratio", "target_met"}
+POSTGRES = os.environ.get("TRITASK_TEST_POSTGRES_DSN")
+HAS_SQLITE = importlib.util.find_spec("tritask_sqlite") is not None
+HAS_POSTGRES = importlib.util.find_spec("tritask_postgres") is not None
+
+
+def bench(*argv: str, expect_ok: bool = True) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", "stress", "bench", *argv, "--json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1, (done.stdout, done.stderr[-3000:])
+    result: dict[str, Any] = json.loads(lines[0])
+    assert set(result) >= KEYS, result
+    if expect_ok:
+        assert done.returncode == 0, done.stderr[-3000:]
+    return result
+
+
+def test_bench_core_smoke() -> None:
+    result = bench(
+        "core", "--concurrency", "1", "2", "--seconds", "0.3", "--warmup", "0.1", "--repeats", "1"
+    )
+    assert result["name"] == "core"
+    assert result["errors"] == 0
+    for side in ("tritask", "baseline", "hypercornCeiling"):
+        assert set(result[side]) == {"c1", "c2"}
+        for figures in result[side].values():
+            assert figures["requests"] > 0
+            assert figures["requestsPerSecond"] > 0
+            assert {"p50Ms", "p99Ms", "meanMs"} <= set(figures)
+    assert set(result["ratio"]) == {"c1", "c2"}
+    assert isinstance(result["target_met"], bool)
+
+
+def test_bench_tasks_memory_smoke() -> None:
+    result = bench("tasks", "--store", "memory:", "--tasks", "30", "--clients", "3")
+    assert result["name"] == "tasks"
+    assert result["tritask"]["completed"] == 30
+    assert result["tritask"]["sampleStatuses"] == ["completed"]
+    assert result["tritask"]["storeWritesPerTask"] >= 4
+    assert result["baseline"]["tasksPerSecond"] > 0
+    assert result["target_met"] is None  # the 70% target is for the durable stores
+
+
+@pytest.mark.skipif(not HAS_SQLITE, reason="the SQLite store is not installed")
+def test_bench_tasks_sqlite_smoke() -> None:
+    result = bench("tasks", "--store", "sqlite:auto", "--tasks", "20", "--clients", "2")
+    assert result["tritask"]["completed"] == 20
+    assert result["baseline"]["commitsPerTask"] >= 4
+    assert result["baseline"]["settings"]["synchronous"] == "FULL"
+    assert isinstance(result["ratio"], float)
+    assert isinstance(result["target_met"], bool)
+
+
+@pytest.mark.skipif(not (POSTGRES and HAS_POSTGRES), reason="TRITASK_TEST_POSTGRES_DSN is not set")
+def test_bench_tasks_and_scale_postgres_smoke() -> None:
+    assert POSTGRES is not None
+    result = bench("tasks", "--store", POSTGRES, "--tasks", "20", "--clients", "2")
+    assert result["tritask"]["completed"] == 20
+    assert result["baseline"]["settings"]["synchronous_commit"]
+    scale = bench(
+        "scale", "--store", POSTGRES, "--tasks", "20", "--clients", "2", "--processes", "1", "2"
+    )
+    assert scale["name"] == "scale"
+    assert set(scale["ratio"]) == {"1", "2"}
+    assert scale["tritask"]["2"]["completed"] == 20
+
+
+def test_bench_soak_smoke() -> None:
+    result = bench(
+        "soak", "--tasks", "1500", "--checkpoint", "500", "--batch", "250", expect_ok=False
+    )
+    assert result["name"] == "soak"
+    assert result["ok"] is True
+    assert result["completed"] == 1500
+    assert result["baseline"]["at"] == 500 and result["tritask"]["at"] == 1500
+    assert result["baseline"]["peakRssKiB"] > 0 and result["tritask"]["peakRssKiB"] > 0
+    assert isinstance(result["ratio"], float)
