@@ -31,6 +31,7 @@ __all__ = [
     "inspect",
     "install",
     "migrations",
+    "rollback",
 ]
 
 APPLICATION_ID = 0x54524954
@@ -93,6 +94,12 @@ class SchemaInfo:
     boot_epoch: int
 
 
+def rollback(conn: sqlite3.Connection) -> None:
+    """End the open transaction, if any (SQLite may already have rolled it back itself)."""
+    if conn.in_transaction:
+        conn.execute("ROLLBACK")
+
+
 def _refuse(path: str, problem: str) -> StoreSchemaError:
     return StoreSchemaError(f"refusing to open {path!r}: {problem}; the file was not modified")
 
@@ -140,8 +147,19 @@ def inspect(conn: sqlite3.Connection, path: str) -> SchemaInfo | None:
     """Classify the file read-only: ``None`` for an empty database, else its metadata.
 
     Raises :class:`StoreSchemaError` for a non-SQLite file, another application's database,
-    a damaged tritask store or a newer schema version.
+    a damaged tritask store or a newer schema version. The reads share one transaction, so a
+    concurrent installer's commit is seen entirely or not at all.
     """
+    if conn.in_transaction:
+        return _inspect(conn, path)
+    conn.execute("BEGIN")
+    try:
+        return _inspect(conn, path)
+    finally:
+        rollback(conn)
+
+
+def _inspect(conn: sqlite3.Connection, path: str) -> SchemaInfo | None:
     try:
         application_id = conn.execute("PRAGMA application_id").fetchone()[0]
         tables = _user_tables(conn)
@@ -196,7 +214,6 @@ def install(conn: sqlite3.Connection, path: str, *, advance_epoch: bool) -> Sche
         assert info is not None and info.version == SCHEMA_VERSION
         conn.execute("COMMIT")
     except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
+        rollback(conn)
         raise
     return info

@@ -399,9 +399,9 @@ class SqliteStore:
                 check_same_thread=False,
             )
             conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+            schema.inspect(conn, self._path)  # read-only: refuse before writing anything
             conn.execute("PRAGMA foreign_keys = ON")
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
-            schema.inspect(conn, self._path)  # read-only: refuse before writing anything
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 raise schema.StoreSchemaError(
@@ -482,15 +482,13 @@ class SqliteStore:
     ) -> T:
         """One transaction in the worker thread: ``body(conn, now)``, then COMMIT or ROLLBACK."""
         try:
-            if conn.in_transaction:  # never build on what an earlier failure left behind
-                conn.execute("ROLLBACK")
+            schema.rollback(conn)  # never build on what an earlier failure left behind
             conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             try:
                 result = body(conn, self._read_clock(conn))
                 conn.execute("COMMIT")
             except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
+                schema.rollback(conn)
                 raise
         except sqlite3.OperationalError as exc:
             if _is_busy(exc):

@@ -1,0 +1,730 @@
+"""SqliteStore beyond the shared contract: durability, the on-disk format, boot epochs, processes
+sharing one file, refusal of files it does not own, and cancellation of running queries.
+
+Timed tests inject a ``ManualClock`` into the store (never ``MockClock`` autojump: the store's
+work happens in real threads); tests of racing stores use the database clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import trio
+from tritask_sqlite import (
+    SCHEMA_VERSION,
+    LedgerEntry,
+    SqliteStore,
+    StoreLocked,
+    StoreSchemaError,
+    path_from_url,
+)
+from tritask_sqlite.schema import APPLICATION_ID, migrations
+
+from tritask.tasks.events import Effects, Event, RetryEffect
+from tritask.tasks.model import Snapshot, TaskStatus
+from tritask.tasks.store import (
+    NOT_FOUND,
+    UNAVAILABLE,
+    Action,
+    Claimed,
+    CorruptStore,
+    DatabaseBusy,
+    Lease,
+    RequestAuthority,
+    Scope,
+    StaleLease,
+    Transition,
+    WorkerAuthority,
+)
+from tritask.tasks.stores import open_store
+from tritask.tasks.work import RetryPolicy
+from tritask.testing.store_contract import START, ManualClock, StoreContract, by_tenant, tenant
+
+pytestmark = pytest.mark.contract("tasks-durable-store")
+
+A = tenant("tenant-a")
+ASK = {"method": "elicitation/create", "params": {"message": "Confirm"}}
+ERROR = {"code": -32000, "message": "transient"}
+LEASE_MS = 30_000
+create = StoreContract.create
+
+
+def sqlite_store(
+    path: Path, clock: ManualClock | None = None, *, scope: Scope = by_tenant, **options: Any
+) -> SqliteStore:
+    return SqliteStore(path, scope=scope, clock=clock, **options)
+
+
+@contextlib.contextmanager
+def raw(path: Path) -> Iterator[sqlite3.Connection]:
+    """A plain connection for inspecting or tampering with the file behind the store's back."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+async def claimed(
+    store: SqliteStore, task_id: str, owner: str = "owner-1", ms: int = LEASE_MS
+) -> Lease:
+    result = await store.claim(task_id, owner, ms)
+    assert isinstance(result, Claimed), result
+    return result.lease
+
+
+async def applied(
+    store: SqliteStore,
+    task_id: str,
+    revision: int,
+    event: Event,
+    authority: RequestAuthority | WorkerAuthority,
+) -> Transition:
+    result = await store.transition(task_id, revision, event, authority)
+    assert isinstance(result, Transition), result
+    assert result.outcome == "applied", result
+    return result
+
+
+async def request(store: SqliteStore, action: Action, task_id: str) -> RequestAuthority:
+    return RequestAuthority(await store.authorize(A, action, task_id))
+
+
+async def get(store: SqliteStore, task_id: str) -> Snapshot:
+    snapshot = await store.get(task_id, await store.authorize(A, Action.GET, task_id))
+    assert isinstance(snapshot, Snapshot), snapshot
+    return snapshot
+
+
+async def busy_task(store: SqliteStore, task_id: str = "task-1") -> list[Transition]:
+    """A task with a ledger of every effect shape: requested, answered, retry scheduled."""
+    await create(store, task_id, policy=RetryPolicy([5000]))
+    worker = WorkerAuthority(await claimed(store, task_id))
+    asked = await applied(store, task_id, 0, Event.input_requested("a", ASK, id="ask-1"), worker)
+    update = await request(store, Action.UPDATE, task_id)
+    answer = Event.input_responses_accepted({"a": {"ok": True}}, id="answer-1")
+    answered = await applied(store, task_id, 1, answer, update)
+    retry = Event.retry_requested(ERROR, "again", id="retry-1")
+    retried = await applied(store, task_id, 2, retry, worker)
+    return [asked, answered, retried]
+
+
+# -- durability -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("exclusive", [False, True])
+async def test_reopen_keeps_record_history_and_replay(tmp_path: Path, exclusive: bool) -> None:
+    path, clock = tmp_path / "tasks.db", ManualClock()
+    async with sqlite_store(path, clock, exclusive=exclusive) as store:
+        commits = await busy_task(store)
+        before = await get(store, "task-1")
+        history = await store.history("task-1")
+    assert [(e.revision, e.event.id) for e in history] == [
+        (1, "ask-1"),
+        (2, "answer-1"),
+        (3, "retry-1"),
+    ]
+    assert [e.committed_at for e in history] == [c.committed_at for c in commits]
+    assert [e.effects for e in history] == [c.effects for c in commits]
+    clock.advance(1000)
+    async with sqlite_store(path, clock, exclusive=exclusive) as store:
+        assert await get(store, "task-1") == before
+        assert await store.history("task-1") == history
+        update = await request(store, Action.UPDATE, "task-1")
+        answer = Event.input_responses_accepted({"a": {"ok": True}}, id="answer-1")
+        replay = await store.transition("task-1", 0, answer, update)  # stale revision: replayed
+        assert replay == Transition(
+            outcome="duplicate",
+            snapshot=before,
+            effects=Effects(accepted_input_responses={"a": {"ok": True}}),
+            event_revision=2,
+            committed_at=commits[1].committed_at,
+        )
+        assert await store.history("task-1") == history
+    with raw(path) as conn:
+        (record,) = conn.execute("SELECT record FROM tritask_tasks").fetchone()
+    assert json.loads(record)["version"] == 3
+
+
+async def test_on_disk_format(tmp_path: Path) -> None:
+    path, clock = tmp_path / "tasks.db", ManualClock()
+    async with sqlite_store(path, clock) as store:
+        commits = await busy_task(store)
+        await create(store, "task-2", ttl_ms=None)
+        lease = await claimed(store, "task-2")
+        store_id, epoch = store.store_id, store.boot_epoch
+    with raw(path) as conn:
+        assert conn.execute("PRAGMA application_id").fetchone() == (APPLICATION_ID,)
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        assert conn.execute(
+            "SELECT singleton, schema_version, store_id, boot_epoch FROM tritask_metadata"
+        ).fetchall() == [(1, SCHEMA_VERSION, store_id, epoch)]
+        tasks = conn.execute(
+            "SELECT task_id, row_format, record_version, record, scope, revision, status,"
+            " created_at_us, expires_at_us, retry_at_us, claim_owner, claim_token,"
+            " lease_generation, claim_expires_at_us, claim_epoch FROM tritask_tasks"
+            " ORDER BY task_id"
+        ).fetchall()
+        events = conn.execute(
+            "SELECT task_id, event_id, row_format, event, event_kind, event_revision,"
+            " committed_at_us, effects FROM tritask_task_events ORDER BY event_revision"
+        ).fetchall()
+    first, second = tasks
+    record = json.loads(first[3])
+    assert list(record) == [
+        "acceptedInputResponses",
+        "inputHistory",
+        "lastFailure",
+        "retryAt",
+        "retryCount",
+        "revision",
+        "task",
+        "version",
+        "work",
+    ]  # exactly the 9 keys, stored with sorted keys
+    assert set(record["task"]) == {
+        "id",
+        "status",
+        "statusMessage",
+        "createdAt",
+        "lastUpdatedAt",
+        "ttlMs",
+        "pollIntervalMs",
+        "inputRequests",
+        "result",
+        "error",
+        "usedInputKeys",
+    }
+    assert (record["version"], record["revision"], record["retryCount"]) == (3, 3, 1)
+    retry_at = commits[2].committed_at + 5_000_000
+    assert first[:3] == ("task-1", 1, 3)
+    assert first[4] == '{"value":"tenant-a","version":1}'
+    assert first[5:10] == (3, "working", START, START + 60_000_000, retry_at)
+    assert first[10] == "owner-1" and len(first[11]) == 36
+    assert first[12:] == (1, START + LEASE_MS * 1000, epoch)
+    assert second[8] is None  # ttlMs null: never expires
+    assert second[10:] == (lease.owner_id, lease.token, 1, lease.expires_at, epoch)
+    assert [e[:3] + e[4:7] for e in events] == [
+        ("task-1", "ask-1", 1, "input_requested", 1, commits[0].committed_at),
+        ("task-1", "answer-1", 1, "input_responses_accepted", 2, commits[1].committed_at),
+        ("task-1", "retry-1", 1, "retry_requested", 3, commits[2].committed_at),
+    ]
+    assert json.loads(events[0][3]) == {
+        "version": 1,
+        "id": "ask-1",
+        "kind": "input_requested",
+        "data": {"key": "a", "request": ASK},
+    }
+    assert [json.loads(e[7]) for e in events] == [
+        {"version": 1, "kind": "none"},
+        {"version": 1, "kind": "acceptedInputResponses", "responses": {"a": {"ok": True}}},
+        {
+            "version": 1,
+            "kind": "retry",
+            "retry": {
+                "disposition": "scheduled",
+                "retryAt": "2026-08-24T10:00:05.003Z",
+                "delayMs": 5000,
+                "retryCount": 1,
+            },
+        },
+    ]
+    assert commits[2].effects.retry == RetryEffect(
+        disposition="scheduled", retry_at=retry_at, delay_ms=5000, retry_count=1
+    )
+
+
+@pytest.mark.parametrize(
+    ("tamper", "reason"),
+    [
+        ("UPDATE tritask_tasks SET status = 'completed'", "status column"),
+        ("UPDATE tritask_tasks SET revision = 7", "revision column"),
+        ("UPDATE tritask_tasks SET retry_at_us = NULL", "retry_at_us column"),
+        ('UPDATE tritask_tasks SET scope = \'{"version":1,"value": "tenant-a"}\'', "canonical"),
+        ("UPDATE tritask_tasks SET record = json_remove(record, '$.lastFailure')", "keys"),
+        ("UPDATE tritask_tasks SET record = json_set(record, '$.version', 4)", "version 4"),
+    ],
+)
+async def test_projection_mismatch_is_corrupt(tmp_path: Path, tamper: str, reason: str) -> None:
+    path, clock = tmp_path / "tasks.db", ManualClock()
+    async with sqlite_store(path, clock) as store:
+        await busy_task(store)
+        access = await store.authorize(A, Action.GET, "task-1")
+    with raw(path) as conn:
+        conn.execute(tamper)
+    async with sqlite_store(path, clock) as store:
+        with pytest.raises(CorruptStore) as caught:
+            await store.get("task-1", access)
+        assert caught.value.task_id == "task-1"
+        assert reason in caught.value.reason
+        with pytest.raises(CorruptStore):
+            await store.claim("task-1", "owner", LEASE_MS)
+        page = await store.audit()
+        assert page.checked == ("task-1",)
+        assert [f.task_id for f in page.findings] == ["task-1"]
+
+
+async def test_ledger_tampering_is_corrupt(tmp_path: Path) -> None:
+    path, clock = tmp_path / "tasks.db", ManualClock()
+    async with sqlite_store(path, clock) as store:
+        await busy_task(store)
+        await create(store, "task-2")
+        assert (await store.audit()).findings == ()
+    with raw(path) as conn:
+        conn.execute("DELETE FROM tritask_task_events WHERE event_id = 'ask-1'")
+    async with sqlite_store(path, clock) as store:
+        with pytest.raises(CorruptStore, match="ledger row 1 has the wrong format or revision"):
+            await store.history("task-1")
+        update = await request(store, Action.UPDATE, "task-1")
+        answer = Event.input_responses_accepted({"a": {"ok": True}}, id="answer-1")
+        with pytest.raises(CorruptStore):  # replay validates the whole ledger
+            await store.transition("task-1", 0, answer, update)
+        page = await store.audit(limit=1)
+        assert (page.checked, page.next_after) == (("task-1",), "task-1")
+        assert [f.task_id for f in page.findings] == ["task-1"]
+        page = await store.audit(limit=1, after=page.next_after)
+        assert (page.checked, page.findings, page.next_after) == (("task-2",), (), "task-2")
+        assert await store.audit(after="task-2") == attrs.evolve(page, checked=(), next_after=None)
+        assert await store.integrity_check() == []
+
+
+# -- boot epochs ------------------------------------------------------------------------------
+
+
+async def test_exclusive_reopen_fences_and_reclaims_at_once(tmp_path: Path) -> None:
+    path, clock = tmp_path / "tasks.db", ManualClock()
+    async with sqlite_store(path, clock, exclusive=True) as store:
+        first_epoch = store.boot_epoch
+        await create(store, "task-1")
+        old_access = await store.authorize(A, Action.GET, "task-1")
+        old_cancel = await request(store, Action.CANCEL, "task-1")
+        old = await claimed(store, "task-1")
+        assert old.epoch == first_epoch
+    # "crash": the claim was never released, and no time passes
+    async with sqlite_store(path, clock, exclusive=True) as store:
+        assert store.boot_epoch == first_epoch + 1
+        assert await store.get("task-1", old_access) is NOT_FOUND
+        assert await store.transition("task-1", 0, Event.cancelled(), old_cancel) is NOT_FOUND
+        with pytest.raises(StaleLease):
+            await store.worker_snapshot("task-1", old)
+        with pytest.raises(StaleLease):
+            await store.transition("task-1", 0, Event.completed({}), WorkerAuthority(old))
+        with pytest.raises(StaleLease):
+            await store.renew(old, LEASE_MS)
+        with pytest.raises(StaleLease):
+            await store.release(old)
+        new = await store.claim_next("owner-2", LEASE_MS)
+        assert new is not None
+        assert (new.lease.generation, new.lease.epoch) == (2, first_epoch + 1)
+        assert await store.claim("task-1", "owner-3", LEASE_MS) is UNAVAILABLE
+        done = await applied(store, "task-1", 0, Event.completed({}), WorkerAuthority(new.lease))
+        assert done.snapshot.task.status is TaskStatus.COMPLETED
+
+
+async def test_shared_reopen_keeps_healthy_claims(tmp_path: Path) -> None:
+    path, clock = tmp_path / "tasks.db", ManualClock()
+    async with sqlite_store(path, clock) as first, sqlite_store(path, clock) as second:
+        await create(first, "task-1")
+        lease = await claimed(first, "task-1")
+        access = await first.authorize(A, Action.GET, "task-1")
+        assert second.boot_epoch == first.boot_epoch
+        assert await second.claim("task-1", "owner-2", LEASE_MS) is UNAVAILABLE
+        assert await second.claim_next("owner-2", LEASE_MS) is None
+        assert isinstance(await second.worker_snapshot("task-1", lease), Snapshot)
+    async with sqlite_store(path, clock) as third:
+        assert third.boot_epoch == first.boot_epoch
+        assert await third.claim("task-1", "owner-3", LEASE_MS) is UNAVAILABLE
+        assert isinstance(await third.get("task-1", access), Snapshot)
+        clock.advance(20_000)
+        renewed = await third.renew(lease, LEASE_MS)
+        clock.advance(20_000)  # past the first instance's deadline: renewed across instances
+        assert await third.claim("task-1", "owner-3", LEASE_MS) is UNAVAILABLE
+        await third.release(renewed)
+        assert (await claimed(third, "task-1", "owner-3")).generation == 2
+
+
+CRASHING_CHILD = """
+import os, sys, trio
+from tritask_sqlite import SqliteStore
+from tritask.tasks.model import new_task
+from tritask.tasks.store import Action, Claimed
+from tritask.tasks.work import Work
+
+async def main(path):
+    store = SqliteStore(path, scope="shared", exclusive=True)
+    await store.open()
+    access = await store.authorize(None, Action.CREATE, "task-1")
+    task = new_task("task-1", await store.now(), None, None)
+    await store.create(task, Work.tool_call("task-1", "tool", {}), access)
+    result = await store.claim("task-1", "child", 600_000)
+    assert isinstance(result, Claimed)
+    print(result.lease.generation, result.lease.epoch, flush=True)
+    sys.stdin.readline()
+    os._exit(0)  # a crash: no release, no close
+
+trio.run(main, sys.argv[1])
+"""
+
+
+async def test_crashed_exclusive_owner_is_fenced_by_the_next(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.db"
+    child = await trio.lowlevel.open_process(
+        [sys.executable, "-c", CRASHING_CHILD, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    assert child.stdout is not None and child.stdin is not None
+    output = b""
+    with trio.fail_after(60):
+        while not output.endswith(b"\n"):
+            chunk = await child.stdout.receive_some()
+            assert chunk, "the child exited early"
+            output += chunk
+    generation, epoch = map(int, output.split())
+    assert generation == 1
+    for exclusive in (True, False):
+        with pytest.raises(StoreLocked, match="locked by another process"):
+            await SqliteStore(path, scope="shared", exclusive=exclusive).open()
+    await child.stdin.send_all(b"go\n")
+    assert await child.wait() == 0
+    async with SqliteStore(path, scope="shared", exclusive=True) as store:
+        assert store.boot_epoch == epoch + 1
+        result = await store.claim("task-1", "successor", 1000)  # 10 minutes before the lease ends
+        assert isinstance(result, Claimed)
+        assert result.lease.generation == 2
+
+
+async def test_second_exclusive_opener_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.db"
+    async with sqlite_store(path, exclusive=True) as owner:
+        with pytest.raises(StoreLocked, match="exclusive store needs it to itself"):
+            await sqlite_store(path, exclusive=True).open()
+        with pytest.raises(StoreLocked, match="open exclusively"):
+            await sqlite_store(path).open()
+        assert isinstance(await owner.now(), int)
+    async with sqlite_store(path) as shared:
+        with pytest.raises(StoreLocked):
+            await sqlite_store(path, exclusive=True).open()
+        async with sqlite_store(path):
+            assert isinstance(await shared.now(), int)
+    async with sqlite_store(path, exclusive=True) as again:
+        assert again.boot_epoch == owner.boot_epoch + 1
+
+
+# -- processes and threads sharing one file ---------------------------------------------------
+
+
+async def test_competing_claimers_on_one_file(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.db"
+    async with sqlite_store(path) as left, sqlite_store(path) as right:
+        ids = [f"task-{n:02d}" for n in range(20)]
+        for task_id in ids:
+            await create(left, task_id)
+        results: dict[str, list[object]] = {task_id: [] for task_id in ids}
+
+        async def claim(store: SqliteStore, task_id: str) -> None:
+            results[task_id].append(await store.claim(task_id, repr(store), LEASE_MS))
+
+        async with trio.open_nursery() as nursery:
+            for task_id in ids:
+                nursery.start_soon(claim, left, task_id)
+                nursery.start_soon(claim, right, task_id)
+        for outcomes in results.values():
+            assert sorted(type(r).__name__ for r in outcomes) == ["Claimed", "Unavailable"]
+
+        more = [f"next-{n:02d}" for n in range(20)]
+        for task_id in more:
+            await create(right, task_id, tenant("tenant-b"))
+        taken: dict[str, list[str]] = {"left": [], "right": []}
+
+        async def drain(store: SqliteStore, name: str) -> None:
+            while (result := await store.claim_next(name, LEASE_MS)) is not None:
+                taken[name].append(result.snapshot.task.id)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(drain, left, "left")
+            nursery.start_soon(drain, right, "right")
+        assert sorted(taken["left"] + taken["right"]) == more
+
+
+async def test_concurrent_first_open_installs_once(tmp_path: Path) -> None:
+    path = tmp_path / "fresh.db"
+    stores = [sqlite_store(path) for _ in range(4)]
+    async with trio.open_nursery() as nursery:
+        for store in stores:
+            nursery.start_soon(store.open)
+    try:
+        assert len({store.store_id for store in stores}) == 1
+        with raw(path) as conn:
+            assert conn.execute("SELECT count(*) FROM tritask_metadata").fetchone() == (1,)
+    finally:
+        for store in stores:
+            await store.aclose()
+
+
+async def test_database_busy_when_another_writer_holds_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.db"
+    async with sqlite_store(path, busy_timeout_ms=50) as store:
+        await create(store, "task-1")
+        with raw(path) as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            with pytest.raises(DatabaseBusy):
+                await store.claim("task-1", "owner", LEASE_MS)
+            assert isinstance(await get(store, "task-1"), Snapshot)  # WAL readers proceed
+            conn.execute("ROLLBACK")
+        assert isinstance(await store.claim("task-1", "owner", LEASE_MS), Claimed)
+
+
+# -- time -------------------------------------------------------------------------------------
+
+
+async def test_renewal_keeps_a_claim_alive_past_its_first_deadline(tmp_path: Path) -> None:
+    clock = ManualClock()
+    async with sqlite_store(tmp_path / "tasks.db", clock) as store:
+        await create(store, "task-1")
+        first = await claimed(store, "task-1", ms=1000)
+        clock.advance(800)
+        renewed = await store.renew(first, 1000)
+        assert renewed.expires_at == START + 1_800_000
+        clock.advance(400)  # past the first deadline
+        assert await store.claim("task-1", "owner-2", 1000) is UNAVAILABLE
+        assert await store.claim_next("owner-2", 1000) is None
+        assert isinstance(await store.worker_snapshot("task-1", renewed), Snapshot)
+        with pytest.raises(StaleLease):
+            await store.worker_snapshot("task-1", first)
+        clock.advance(600)
+        with pytest.raises(StaleLease):
+            await store.worker_snapshot("task-1", renewed)
+        again = await store.claim_next("owner-2", 1000)
+        assert again is not None
+        assert again.lease.generation == 2
+
+
+async def test_ttl_reaped_at_the_exact_instant_with_its_ledger(tmp_path: Path) -> None:
+    path, clock = tmp_path / "tasks.db", ManualClock()
+    async with sqlite_store(path, clock, reap_batch_size=2) as store:
+        await busy_task(store, "task-0")  # ttl 60 s, with a ledger
+        for n in range(1, 4):
+            await create(store, f"task-{n}", ttl_ms=60_000)
+        await create(store, "forever", ttl_ms=None)
+        clock.advance(59_999)
+        assert await store.reap() == []
+        clock.advance(1)
+        assert await store.reap() == ["task-0", "task-1"]
+        assert await store.reap() == ["task-2", "task-3"]
+        assert await store.reap() == []
+        assert await store.history("task-0") == []
+        clock.advance(10**9)
+        assert await store.reap() == []
+        assert (await get(store, "forever")).task.ttl_ms is None
+    with raw(path) as conn:
+        assert conn.execute("SELECT count(*) FROM tritask_task_events").fetchone() == (0,)
+        assert conn.execute("SELECT task_id FROM tritask_tasks").fetchall() == [("forever",)]
+
+
+async def test_database_clock(tmp_path: Path) -> None:
+    async with sqlite_store(tmp_path / "tasks.db") as store:
+        now = await store.now()
+        assert now % 1000 == 0
+        assert abs(now - time.time_ns() // 1000) < 5_000_000
+        created = await create(store, "task-1")
+        assert abs(created.task.created_at - now) < 5_000_000
+        lease = await claimed(store, "task-1")
+        assert lease.expires_at - LEASE_MS * 1000 >= now
+        done = await applied(store, "task-1", 0, Event.completed({}), WorkerAuthority(lease))
+        assert done.committed_at > created.task.created_at
+
+
+# -- files the store does not own -------------------------------------------------------------
+
+
+async def test_refuses_a_newer_schema_version(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.db"
+    async with sqlite_store(path) as store:
+        await create(store, "task-1")
+    with raw(path) as conn:
+        conn.execute("UPDATE tritask_metadata SET schema_version = ?", (SCHEMA_VERSION + 1,))
+    before = path.read_bytes()
+    for exclusive in (False, True):
+        with pytest.raises(StoreSchemaError, match=r"newer than this tritask_sqlite supports"):
+            await sqlite_store(path, exclusive=exclusive).open()
+    assert path.read_bytes() == before
+
+
+async def test_refuses_a_foreign_sqlite_file(tmp_path: Path) -> None:
+    path = tmp_path / "app.db"
+    with raw(path) as conn:
+        conn.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+        conn.execute("INSERT INTO users (name) VALUES ('ada')")
+    before = path.read_bytes()
+    with pytest.raises(StoreSchemaError, match=r"another application .*tables: users"):
+        await sqlite_store(path, exclusive=True).open()
+    assert path.read_bytes() == before
+    with raw(path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+
+
+async def test_refuses_a_file_that_is_not_sqlite(tmp_path: Path) -> None:
+    path = tmp_path / "notes.db"
+    path.write_bytes(b"these are my notes, not a database\n" * 200)
+    before = path.read_bytes()
+    with pytest.raises(StoreSchemaError, match="not an SQLite database"):
+        await sqlite_store(path).open()
+    assert path.read_bytes() == before
+
+
+async def test_refuses_a_tritask_file_without_metadata(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.db"
+    async with sqlite_store(path):
+        pass
+    with raw(path) as conn:
+        conn.execute("DROP TABLE tritask_metadata")
+    before = path.read_bytes()
+    with pytest.raises(StoreSchemaError, match="no tritask_metadata table"):
+        await sqlite_store(path).open()
+    assert path.read_bytes() == before
+
+
+def test_migrations_are_packaged_and_numbered() -> None:
+    shipped = migrations()
+    assert [m.version for m in shipped] == list(range(1, SCHEMA_VERSION + 1))
+    assert shipped[0].name == "0001_initial.sql"
+    assert any("CREATE TABLE tritask_task_events" in s for s in shipped[0].statements())
+
+
+# -- cancellation -----------------------------------------------------------------------------
+
+ENDLESS = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT count(*) FROM n"
+
+
+async def test_cancel_interrupts_a_running_query(tmp_path: Path) -> None:
+    async with sqlite_store(tmp_path / "tasks.db", ManualClock()) as store:
+        await create(store, "task-1")
+
+        def endless_write(conn: sqlite3.Connection, now: int) -> object:
+            conn.execute(
+                "UPDATE tritask_tasks SET claim_owner = 'x', claim_token = ?,"
+                " lease_generation = 9, claim_expires_at_us = 1, claim_epoch = 0",
+                ("0" * 36,),
+            )
+            return conn.execute(ENDLESS).fetchone()
+
+        started = time.monotonic()
+        with trio.move_on_after(0.2) as scope:
+            await store._transact(endless_write, write=True)
+        assert scope.cancelled_caught
+        assert time.monotonic() - started < 5
+        with trio.move_on_after(0.1) as scope:
+            await store._call(lambda conn: conn.execute(ENDLESS).fetchone())
+        assert scope.cancelled_caught
+        # the connection is usable and the interrupted write was rolled back
+        assert not await store._call(lambda conn: conn.in_transaction)
+        lease = await claimed(store, "task-1")
+        assert lease.generation == 1
+
+
+async def test_cancelled_before_the_hop_does_nothing(tmp_path: Path) -> None:
+    async with sqlite_store(tmp_path / "tasks.db", ManualClock()) as store:
+        await create(store, "task-1")
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await store.claim("task-1", "owner", LEASE_MS)
+        assert (await claimed(store, "task-1")).generation == 1
+
+
+# -- options, URLs, lifecycle -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("synchronous", "level"), [("FULL", 2), ("normal", 1)])
+async def test_connection_settings(tmp_path: Path, synchronous: str, level: int) -> None:
+    path = tmp_path / "tasks.db"
+    async with sqlite_store(path, synchronous=synchronous, busy_timeout_ms=1234) as store:
+
+        def settings(conn: sqlite3.Connection) -> list[object]:
+            names = ("synchronous", "busy_timeout", "foreign_keys", "journal_mode")
+            return [conn.execute(f"PRAGMA {name}").fetchone()[0] for name in names]
+
+        assert await store._call(settings) == [level, 1234, 1, "wal"]
+
+
+def test_option_validation(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.db"
+    for bad in ("", ":memory:"):
+        with pytest.raises(ValueError, match="in-memory database is not durable"):
+            SqliteStore(bad, scope="shared")
+    with pytest.raises(TypeError, match="requires scope="):
+        SqliteStore(path)
+    with pytest.raises(ValueError, match="synchronous"):
+        SqliteStore(path, scope="shared", synchronous="OFF")
+    for option in ("busy_timeout_ms", "reap_batch_size", "max_tasks"):
+        with pytest.raises(ValueError, match=option):
+            SqliteStore(path, scope="shared", **{option: 0})  # type: ignore[arg-type]
+    assert not path.exists()  # construction does no I/O
+
+
+def test_store_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert path_from_url("sqlite:tasks.db") == "tasks.db"
+    assert path_from_url("sqlite:data/tasks.db") == "data/tasks.db"
+    assert path_from_url("sqlite:/var/lib/tasks.db") == "/var/lib/tasks.db"
+    assert path_from_url("sqlite:///var/lib/tasks.db") == "/var/lib/tasks.db"
+    assert path_from_url("SQLITE:tasks.db") == "tasks.db"
+    for url in ("sqlite:", "sqlite::memory:", "sqlite://host/tasks.db", "memory:"):
+        with pytest.raises(ValueError):
+            path_from_url(url)
+    monkeypatch.chdir(tmp_path)
+    store = open_store("sqlite:tasks.db")
+    assert isinstance(store, SqliteStore)
+    assert store.path == os.path.realpath(tmp_path / "tasks.db")
+
+
+async def test_open_store_defaults_to_exclusive(tmp_path: Path) -> None:
+    async with open_store(f"sqlite://{tmp_path}/tasks.db") as store:
+        assert isinstance(store, SqliteStore)
+        assert store.boot_epoch == 1
+        with pytest.raises(StoreLocked):
+            await open_store(f"sqlite:{tmp_path}/tasks.db").__aenter__()
+
+
+async def test_lifecycle(tmp_path: Path) -> None:
+    store = sqlite_store(tmp_path / "tasks.db")
+    with pytest.raises(trio.ClosedResourceError, match="not open"):
+        await store.now()
+    async with store:
+        with pytest.raises(RuntimeError, match="opens once"):
+            await store.open()
+        assert isinstance(await store.now(), int)
+    with pytest.raises(trio.ClosedResourceError, match="closed"):
+        await store.claim("task-1", "owner", LEASE_MS)
+    await store.aclose()  # idempotent
+    async with sqlite_store(tmp_path / "tasks.db", exclusive=True):
+        pass  # the first store's lock was released
+
+
+async def test_history_entries(tmp_path: Path) -> None:
+    async with sqlite_store(tmp_path / "tasks.db", ManualClock()) as store:
+        assert await store.history("missing") == []
+        await create(store, "task-1")
+        assert await store.history("task-1") == []
+        lease = await claimed(store, "task-1")
+        done = await applied(
+            store, "task-1", 0, Event.completed({}, id="d"), WorkerAuthority(lease)
+        )
+        assert await store.history("task-1") == [
+            LedgerEntry(
+                event=Event.completed({}, id="d"),
+                revision=1,
+                committed_at=done.committed_at,
+                effects=Effects.none(),
+            )
+        ]
