@@ -1,0 +1,1 @@
+"""Minimal reproductions of runner/store problems found under stress (run them as scripts)."""
