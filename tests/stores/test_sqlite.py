@@ -44,6 +44,7 @@ from tritask.tasks.store import (
     RequestAuthority,
     Scope,
     StaleLease,
+    Store,
     Transition,
     WorkerAuthority,
 )
@@ -384,20 +385,26 @@ async def test_crashed_exclusive_owner_is_fenced_by_the_next(tmp_path: Path) -> 
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
     )
-    assert child.stdout is not None and child.stdin is not None
-    output = b""
-    with trio.fail_after(60):
-        while not output.endswith(b"\n"):
-            chunk = await child.stdout.receive_some()
-            assert chunk, "the child exited early"
-            output += chunk
-    generation, epoch = map(int, output.split())
-    assert generation == 1
-    for exclusive in (True, False):
-        with pytest.raises(StoreLocked, match="locked by another process"):
-            await SqliteStore(path, scope="shared", exclusive=exclusive).open()
-    await child.stdin.send_all(b"go\n")
-    assert await child.wait() == 0
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        output = b""
+        with trio.fail_after(60):
+            while not output.endswith(b"\n"):
+                chunk = await child.stdout.receive_some()
+                assert chunk, "the child exited early"
+                output += chunk
+        generation, epoch = map(int, output.split())
+        assert generation == 1
+        for exclusive in (True, False):
+            with pytest.raises(StoreLocked, match="locked by another process"):
+                await SqliteStore(path, scope="shared", exclusive=exclusive).open()
+        await child.stdin.send_all(b"go\n")
+        assert await child.wait() == 0
+    finally:
+        if child.returncode is None:
+            child.kill()
+        with trio.CancelScope(shield=True):
+            await child.wait()
     async with SqliteStore(path, scope="shared", exclusive=True) as store:
         assert store.boot_epoch == epoch + 1
         result = await store.claim("task-1", "successor", 1000)  # 10 minutes before the lease ends
@@ -684,6 +691,7 @@ def test_store_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
             path_from_url(url)
     monkeypatch.chdir(tmp_path)
     store = open_store("sqlite:tasks.db")
+    assert isinstance(store, Store)  # the runtime-checkable protocol
     assert isinstance(store, SqliteStore)
     assert store.path == os.path.realpath(tmp_path / "tasks.db")
 
