@@ -59,6 +59,7 @@ ASK = {"method": "elicitation/create", "params": {"message": "Confirm"}}
 ERROR = {"code": -32000, "message": "transient"}
 LEASE_MS = 30_000
 create = StoreContract.create
+applied = StoreContract.applied
 
 
 def sqlite_store(
@@ -83,19 +84,6 @@ async def claimed(
     result = await store.claim(task_id, owner, ms)
     assert isinstance(result, Claimed), result
     return result.lease
-
-
-async def applied(
-    store: SqliteStore,
-    task_id: str,
-    revision: int,
-    event: Event,
-    authority: RequestAuthority | WorkerAuthority,
-) -> Transition:
-    result = await store.transition(task_id, revision, event, authority)
-    assert isinstance(result, Transition), result
-    assert result.outcome == "applied", result
-    return result
 
 
 async def request(store: SqliteStore, action: Action, task_id: str) -> RequestAuthority:
