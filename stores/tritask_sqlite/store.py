@@ -628,12 +628,7 @@ class SqliteStore:
         return claim.epoch == self._epoch and now < claim.expires_at
 
     def _check_lease(self, row: _Row, lease: object, now: int) -> None:
-        if (
-            not isinstance(lease, Lease)
-            or row.claim is None
-            or row.claim != lease
-            or not self._live(row.claim, now)
-        ):
+        if not isinstance(lease, Lease) or row.claim != lease or not self._live(lease, now):
             raise StaleLease("the lease is not the live claim of this task")
 
     def _lease_row(self, conn: sqlite3.Connection, lease: Lease) -> _Row:
