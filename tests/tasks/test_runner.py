@@ -13,22 +13,27 @@ from helpers import (
     ANONYMOUS,
     ELICIT_CAPS,
     START_US,
+    TEST_STATE_KEY,
     UNKNOWN_TASK,
+    Env,
     HookedStore,
     ScriptedExecutor,
     create_raw,
     raw_snapshot,
+    request,
     start_env,
     wait_stops,
 )
 
+from tritask.server.app import App
 from tritask.server.context import Context
+from tritask.server.extension import ServeEnvironment
 from tritask.server.mrtr import elicitation
 from tritask.tasks import instrumentation as ins
 from tritask.tasks._time import format_instant
 from tritask.tasks.events import Event, EventKind
 from tritask.tasks.executor import Completed, ExecutionToken, Retry, StaleAttempt
-from tritask.tasks.extension import ToolCallExecutor
+from tritask.tasks.extension import Tasks, ToolCallExecutor
 from tritask.tasks.instrumentation import RecordingInstrumentation
 from tritask.tasks.memory import MemoryStore
 from tritask.tasks.model import Snapshot
@@ -581,3 +586,124 @@ async def test_runner_refuses_work_when_not_running_and_validates_options() -> N
         with pytest.raises(ValueError):
             Runner(store, **options)  # type: ignore[arg-type]
     assert ANONYMOUS.principal is None
+
+
+# -- several runners on one store ---------------------------------------------------------------
+
+
+async def _second_node(env: Env, nursery: trio.Nursery, **runner_kw: Any) -> tuple[App, Runner]:
+    """Another process serving the same app on the same store, with its own runner."""
+    runner = Runner(env.memory, owner_id="node-b", reap_interval_ms=None, **runner_kw)
+    await nursery.start(runner.run)
+    app = App("tasks-test", "0.1.0", state_key=TEST_STATE_KEY)
+    app.tools = env.app.tools
+    app.add_extension(Tasks(store=env.memory, runner=runner, task_support={}))
+    return app, runner
+
+
+@pytest.mark.contract("tasks-extension-lifecycle")
+async def test_an_answer_accepted_by_another_node_reaches_the_worker_at_its_heartbeat(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    env = await start_env(
+        nursery, task_support={"confirm": "required"}, runner_options={"heartbeat_ms": 2_000}
+    )
+
+    @env.app.tool()
+    async def confirm(ctx: Context) -> str:
+        """Asks once."""
+        answer = await ctx.await_input("ok", ASK)
+        return f"answer {answer['action']} at {trio.current_time()}"
+
+    task_id = await env.create("confirm", caps=ELICIT_CAPS)
+    await env.wait_status(task_id, "input_required")
+    app_b, _ = await _second_node(env, nursery)
+    await trio.sleep_until(4.5)
+    update = request(
+        "tasks/update",
+        {"taskId": task_id, "inputResponses": {"ok": {"action": "accept"}}},
+        caps=ELICIT_CAPS,
+    )
+    response = await app_b.dispatcher.handle_request(update)
+    assert response["result"]["resultType"] == "complete"
+    assert (await env.get(task_id))["status"] == "working"  # accepted by the store at once
+    detail = await env.wait_status(task_id, "completed")
+    # Node A's attempt got it from the store's inbox at its next heartbeat (t = 6 s).
+    assert detail["result"]["content"] == [{"type": "text", "text": "answer accept at 6.0"}]
+    assert env.history_kinds(task_id) == [
+        "input_requested",
+        "input_responses_accepted",
+        "completed",
+    ]
+
+
+@pytest.mark.contract("tasks-extension-lifecycle")
+async def test_a_cancel_through_another_node_stops_the_attempt_at_its_heartbeat(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    env = await start_env(
+        nursery, task_support={"forever": "required"}, runner_options={"heartbeat_ms": 2_000}
+    )
+    stopped_at: list[float] = []
+
+    @env.app.tool()
+    async def forever() -> str:
+        """Runs until stopped."""
+        try:
+            await trio.sleep_forever()
+        finally:
+            stopped_at.append(trio.current_time())
+        return "unreachable"
+
+    task_id = await env.create("forever")
+    app_b, _ = await _second_node(env, nursery)
+    await trio.sleep_until(3.0)
+    response = await app_b.dispatcher.handle_request(request("tasks/cancel", {"taskId": task_id}))
+    assert response["result"]["resultType"] == "complete"
+    assert (await env.get(task_id))["status"] == "cancelled"
+    assert stopped_at == []  # node B has no attempt to stop; node A learns at its heartbeat
+    await trio.sleep_until(4.5)
+    (stop,) = await wait_stops(env.events, task_id)
+    assert stopped_at == [4.0]
+    assert (stop["outcome"], stop["release_outcome"]) == ("cancelled", "ok")
+    assert env.history_kinds(task_id) == ["cancelled"]
+
+
+# -- the extension's own lifespan ---------------------------------------------------------------
+
+
+@pytest.mark.contract("tasks-extension-lifecycle")
+async def test_serving_lifespan_opens_and_fully_stops_its_store_and_runner(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    events = RecordingInstrumentation()
+    tasks = Tasks(task_support={"forever": "required"}, runner_options={"instrumentation": events})
+    app = App("tasks-test", "0.1.0", state_key=TEST_STATE_KEY, extensions=[tasks])
+    stopped: list[float] = []
+
+    @app.tool()
+    async def forever() -> str:
+        """Runs until the server stops."""
+        try:
+            await trio.sleep_forever()
+        finally:
+            stopped.append(trio.current_time())
+        return "unreachable"
+
+    root = trio.lowlevel.current_root_task()
+    before = _count_tasks(root)
+    async with app.running(ServeEnvironment(store_url="memory:")):
+        assert tasks.store is not None and tasks.runner is not None and tasks.runner.running
+        runner = tasks.runner
+        response = await app.dispatcher.handle_request(
+            request("tools/call", {"name": "forever", "arguments": {}})
+        )
+        task_id = response["result"]["taskId"]
+        await trio.sleep(5)
+        assert runner.active_task_ids() == [task_id]
+    assert stopped == [5.0]
+    assert _count_tasks(root) == before
+    assert tasks.store is None and tasks.runner is None
+    assert not runner.running
+    assert [md["outcome"] for _, md in events.named(ins.JOB_STOP)] == ["runner_stopped"]
+    assert [md["release_outcome"] for _, md in events.named(ins.JOB_STOP)] == ["ok"]

@@ -182,17 +182,17 @@ async def test_every_applied_transition_is_pushed(
     assert listener.frames()[0]["inputRequests"] == {"q": elicitation("Sure?", {"type": "object"})}
     update = {"taskId": asked, "inputResponses": {"q": {"action": "accept"}}}
     await env.result("tasks/update", update, principal="alice")
-    await env.result("tasks/cancel", {"taskId": gated}, principal="alice")
     await env.wait_status(asked, "completed", principal="alice")
+    await env.result("tasks/cancel", {"taskId": gated}, principal="alice")
     await listener.recorder.wait_for(6)
     assert [(f["taskId"], f["status"]) for f in listener.frames()] == [
         (asked, "input_required"),
         (gated, "working"),
         (asked, "working"),
-        (gated, "cancelled"),
         (asked, "completed"),
+        (gated, "cancelled"),
     ]
-    assert listener.frames()[3]["statusMessage"] == "Cancellation requested"
+    assert listener.frames()[4]["statusMessage"] == "Cancellation requested"
     assert all(f["_meta"] == {SUB: "listen-1"} for f in listener.frames())
     listener.scope.cancel()
     await listener.done.wait()
