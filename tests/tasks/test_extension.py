@@ -29,6 +29,7 @@ from tritask.protocol.meta import SERVER_INFO_KEY
 from tritask.server.context import Context
 from tritask.server.mrtr import InputRequired, elicitation
 from tritask.server.results import ToolError
+from tritask.tasks import instrumentation as ins
 from tritask.tasks._time import format_instant
 from tritask.tasks.extension import (
     CONTINUATION,
@@ -864,9 +865,10 @@ async def test_an_input_key_is_never_reused_with_a_different_request(
     ]
 
 
+@pytest.mark.parametrize("answered_before_recovery", [True, False])
 @pytest.mark.contract("tasks-recovery-claims")
 async def test_accepted_input_is_replayed_after_recovery_without_a_new_request(
-    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock, answered_before_recovery: bool
 ) -> None:
     env = await _input_env(nursery)
     task_id = await env.create("confirm_delete", caps=ELICIT_CAPS)
@@ -875,12 +877,19 @@ async def test_accepted_input_is_replayed_after_recovery_without_a_new_request(
     await env.runner.wait_stopped()
     answer = {"action": "accept", "content": {"confirmed": False}}
     update = {"taskId": task_id, "inputResponses": {"confirm-delete": answer}}
-    assert await env.result("tasks/update", update) == ACK  # accepted by the store alone
-    assert (await env.get(task_id))["status"] == "working"
+    if answered_before_recovery:
+        assert await env.result("tasks/update", update) == ACK  # accepted by the store alone
+        assert (await env.get(task_id))["status"] == "working"
 
-    recovering = Runner(env.memory, recover=True, reap_interval_ms=None)
+    recovering = Runner(env.memory, recover=True, reap_interval_ms=None, instrumentation=env.events)
     recovering.set_default_executor(ToolCallExecutor(env.app))
     await nursery.start(recovering.run)
+    if not answered_before_recovery:
+        # The recovered attempt re-attaches to the outstanding request: no new event.
+        await trio.sleep(5)
+        assert (await env.get(task_id))["inputRequests"] == {"confirm-delete": CONFIRM}
+        assert env.history_kinds(task_id) == ["input_requested"]
+        assert await env.result("tasks/update", update) == ACK
     done = await env.wait_status(task_id, "completed")
     assert done["result"]["structuredContent"] == {"confirmation": answer}
     assert env.history_kinds(task_id) == [
@@ -888,6 +897,8 @@ async def test_accepted_input_is_replayed_after_recovery_without_a_new_request(
         "input_responses_accepted",
         "completed",
     ]
+    starts = [md["source"] for _, md in env.named(ins.JOB_START) if md["task_id"] == task_id]
+    assert starts == ["request", "recovery"]
     recovering.stop()
 
 

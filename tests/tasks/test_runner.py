@@ -30,7 +30,7 @@ from tritask.server.context import Context
 from tritask.server.extension import ServeEnvironment
 from tritask.server.mrtr import elicitation
 from tritask.tasks import instrumentation as ins
-from tritask.tasks._time import format_instant
+from tritask.tasks._time import TrioClock, format_instant
 from tritask.tasks.events import Event, EventKind
 from tritask.tasks.executor import Completed, ExecutionToken, Retry, StaleAttempt
 from tritask.tasks.extension import Tasks, ToolCallExecutor
@@ -41,6 +41,7 @@ from tritask.tasks.runner import Runner
 from tritask.tasks.store import (
     NOT_FOUND,
     UNAVAILABLE,
+    Action,
     Claimed,
     DatabaseBusy,
     Deferred,
@@ -421,8 +422,6 @@ def _count_tasks(task: trio.lowlevel.Task) -> int:
 async def test_nothing_outlives_a_stopped_runner_and_every_lease_is_released(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    from helpers import TrioClock
-
     store = MemoryStore(scope="shared", clock=TrioClock(START_US))
     parked = trio.Event()
 
@@ -707,3 +706,98 @@ async def test_serving_lifespan_opens_and_fully_stops_its_store_and_runner(
     assert not runner.running
     assert [md["outcome"] for _, md in events.named(ins.JOB_STOP)] == ["runner_stopped"]
     assert [md["release_outcome"] for _, md in events.named(ins.JOB_STOP)] == ["ok"]
+
+
+# -- retries and cooperative cancellation --------------------------------------------------------
+
+
+@pytest.mark.contract("tasks-retry-policy")
+async def test_retries_follow_the_store_deadline_exactly_then_exhaust(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = MemoryStore(scope="shared", clock=TrioClock(START_US))
+    times: dict[str, list[float]] = {}
+
+    async def script(work: Work, token: ExecutionToken) -> Any:
+        attempts = times.setdefault(token.task_id, [])
+        attempts.append(trio.current_time())
+        if work.input["succeed_on"] == len(attempts):
+            return Completed({"content": [], "isError": False})
+        return Retry({"code": -32000, "message": f"try {len(attempts)}"}, f"retry {len(attempts)}")
+
+    events = RecordingInstrumentation()
+    async with Runner(
+        store, executor=ScriptedExecutor(script), instrumentation=events, reap_interval_ms=None
+    ) as runner:
+        policy = RetryPolicy((1_000, 2_000))
+        for task_id, succeed_on in (("recovers", 3), ("exhausts", 0)):
+            work = Work(
+                idempotency_key=task_id,
+                type="job",
+                input={"succeed_on": succeed_on},
+                retry_policy=policy,
+            )
+            await create_raw(store, runner, task_id, work=work)
+        await trio.sleep(10)
+        # Each retry is due at commit time + delay on the store's clock (commits are +1 ms
+        # monotonic when they share a clock reading with the previous one).
+        assert times == {"recovers": [0.0, 1.001, 3.001], "exhausts": [0.0, 1.001, 3.001]}
+        done = await raw_snapshot(store, "recovers")
+        failed = await raw_snapshot(store, "exhausts")
+        assert isinstance(done, Snapshot) and isinstance(failed, Snapshot)
+        assert done.task.status == "completed" and done.retry_count == 2
+        assert failed.task.status == "failed"
+        assert failed.task.error == {"code": -32000, "message": "try 3"}
+        assert failed.task.status_message == "retry 3"
+        assert failed.retry_at is None
+        assert [m["delay_ms"] for m, _ in events.named(ins.RETRY_SCHEDULED)] == [
+            1_000,
+            1_000,
+            2_000,
+            2_000,
+        ]
+        assert [kind for kind in (e.kind.value for e, _, _ in store.history("exhausts"))] == [
+            "retry_requested",
+            "retry_requested",
+            "retry_requested",
+        ]
+        sources = [md["source"] for _, md in events.named(ins.JOB_START)]
+        assert sources == ["request", "request", "retry", "retry", "retry", "retry"]
+
+
+@pytest.mark.contract("tasks-extension-lifecycle")
+async def test_cancel_reaches_work_in_a_thread_through_the_token() -> None:
+    """Real clock: a thread cannot be interrupted, so it polls the token the runner sets."""
+    import time
+
+    store = MemoryStore(scope="shared")
+    seen: list[str] = []
+
+    def blocking(token: ExecutionToken) -> str:
+        deadline = time.monotonic() + 10
+        while not token.cancelled and time.monotonic() < deadline:
+            time.sleep(0.001)
+        seen.append("cancelled" if token.cancelled else "timed out")
+        return "thread done"
+
+    started = trio.Event()
+
+    async def script(work: Work, token: ExecutionToken) -> Any:
+        started.set()
+        text = await token.run_in_thread(blocking)
+        return Completed({"content": [{"type": "text", "text": text}], "isError": False})
+
+    events = RecordingInstrumentation()
+    async with Runner(
+        store, executor=ScriptedExecutor(script), instrumentation=events, reap_interval_ms=None
+    ) as runner:
+        await create_raw(store, runner, "threaded")
+        await started.wait()
+        access = await store.authorize(ANONYMOUS, Action.CANCEL, "threaded")
+        with trio.fail_after(5):
+            result = await runner.cancel("threaded", access)
+        assert seen == ["cancelled"]  # cancel returned only after the thread saw the flag
+        assert isinstance(result, Snapshot) and result.task.status == "cancelled"
+    assert [md["outcome"] for _, md in events.named(ins.JOB_STOP)] == ["cancelled"]
+    assert store.history("threaded")[-1][0].kind is EventKind.CANCELLED
+    assert len(store.history("threaded")) == 1
