@@ -192,6 +192,7 @@ class Tasks(Extension):
         max_work_input_bytes: int | None = 262_144,
         max_task_ids: int = 100,
         scope: Any = principal_scope,
+        store_options: Mapping[str, Any] | None = None,
         runner_options: Mapping[str, Any] | None = None,
     ) -> None:
         if ttl_ms is not None and ttl_ms <= 0:
@@ -213,6 +214,7 @@ class Tasks(Extension):
         self.max_work_input_bytes = max_work_input_bytes
         self.max_task_ids = max_task_ids
         self.scope = scope
+        self.store_options = dict(store_options or {})
         self.runner_options = dict(runner_options or {})
         self._app: App | None = None
         self.runner = runner
@@ -261,7 +263,7 @@ class Tasks(Extension):
             opened_runner = self.runner is None
             if self.store is None:
                 url = env.store_url or "memory:"
-                store = open_store(url, scope=self.scope)
+                store = open_store(url, **{"scope": self.scope, **self.store_options})
                 await stack.enter_async_context(store)
                 self.store = store
                 stack.callback(setattr, self, "store", None)
