@@ -15,6 +15,7 @@ import trio.testing
 
 from tritask import App, Completed, ExecutionToken, MemoryStore, Retry, RetryPolicy, Runner, Tasks
 from tritask.tasks._time import TrioClock, format_instant, parse_instant
+from tritask.tasks.model import Snapshot
 from tritask.tasks.store import Action, Deferred
 from tritask.tasks.work import Work
 from tritask.testing.client import Client
@@ -71,12 +72,13 @@ async def main() -> None:
             await trio.sleep(0.01)
         access = await store.authorize(_Anyone(), Action.GET, task_id)
         snapshot = await store.get(task_id, access)
-        assert not isinstance(snapshot, type(None))
-        assert snapshot.retry_count == 1  # type: ignore[union-attr]
-        retry_at = snapshot.retry_at  # type: ignore[union-attr]
+        assert isinstance(snapshot, Snapshot)
+        assert snapshot.retry_count == 1
+        retry_at = snapshot.retry_at
         assert retry_at is not None
         print("1. attempt 1 asked for a retry; retry_at =", format_instant(retry_at))
-        assert snapshot.work is not None and snapshot.work.retry_policy == RetryPolicy([60_000])  # type: ignore[union-attr]
+        assert snapshot.work is not None
+        assert snapshot.work.retry_policy == RetryPolicy([60_000])
 
         # A probe claim on the store's clock: not before retry_at, and nothing ran early.
         probe = await store.claim(task_id, "probe", 1_000)
@@ -93,7 +95,8 @@ async def main() -> None:
         assert executor.calls[0][0] == executor.calls[1][0] == task_id
         assert executor.calls[1][1] > executor.calls[0][1]
         final = await store.get(task_id, access)
-        assert final.retry_count == 1 and final.retry_at is None  # type: ignore[union-attr]
+        assert isinstance(final, Snapshot)
+        assert final.retry_count == 1 and final.retry_at is None
         print("4. retry_count 1, retry_at cleared, executor ran twice with one idempotency key")
 
 

@@ -1,0 +1,47 @@
+"""Every walkthrough in examples/ runs to completion (each asserts its own story)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+CASES = {
+    "07_tasks_memory.py": ["1. without the declaration: -32021", "5. cancelled: cancelled"],
+    "08_tasks_durable.py": [
+        "3. the request's credential is in none of the store's files",
+        "4. recovered at generation 2 and completed",
+    ],
+    "09_tasks_retry.py": [
+        "1. attempt 1 asked for a retry; retry_at = 2026-08-25T10:01:00.001Z",
+        "4. retry_count 1, retry_at cleared, executor ran twice with one idempotency key",
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(name, marks=pytest.mark.contract(group))
+        for name, group in [
+            ("07_tasks_memory.py", "tasks-extension-lifecycle"),
+            ("08_tasks_durable.py", "tasks-work-descriptor"),
+            ("09_tasks_retry.py", "tasks-retry-policy"),
+        ]
+    ],
+)
+def test_example_runs(name: str) -> None:
+    completed = subprocess.run(
+        [sys.executable, str(EXAMPLES / name)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    for line in CASES[name]:
+        assert line in completed.stdout, completed.stdout
