@@ -65,6 +65,7 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "trio": trio.__version__,
         "platform": platform.platform(),
+        "loadAverage": [round(x, 2) for x in os.getloadavg()],
     }
 
 
