@@ -616,7 +616,8 @@ async def test_runner_max_jobs_refuses_without_storing(
     }
     assert ids.issued == [first, "task-2"]
     assert await env.error("tasks/get", {"taskId": "task-2"}) == unknown()
-    await env.wait_status(first, "completed")
+    await env.wait_status(first, "completed", interval=0.5)
+    await wait_stops(env.events, first)  # the slot frees once the attempt has released
     assert await env.create("slow", {"seconds": 0}) == "task-3"
 
 
@@ -640,7 +641,7 @@ async def test_store_limits_refuse_without_storing(
     }
     assert await env.error("tasks/get", {"taskId": "task-2"}, principal="a") == unknown()
     assert env.runner.active_task_ids() == [first]
-    await env.wait_status(first, "completed", principal="a")
+    await env.wait_status(first, "completed", principal="a", interval=0.5)
     # A finished task is no longer active, but it still counts toward max_tasks.
     response = await env.call("tools/call", {"name": "slow", "arguments": {}}, principal="a")
     if limit == "max_tasks":
