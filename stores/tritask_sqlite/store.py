@@ -651,6 +651,27 @@ class SqliteStore:
         return Access(store_id=self._id, action=action, task_id=task_id, scope=scope)
 
     async def create(self, task: Task, work: Work, access: Access) -> Snapshot:
+        insert = self._inserter(task, work, access)
+        return await self._transact(insert, write=True)
+
+    async def create_claimed(
+        self, task: Task, work: Work, access: Access, owner_id: str, lease_ms: int
+    ) -> Claimed:
+        """``create`` and ``claim`` in one IMMEDIATE transaction: nobody adopts it in between."""
+        owner_id, lease_ms = _owner(owner_id), _positive_int(lease_ms, "lease_ms")
+        insert = self._inserter(task, work, access)
+
+        def body(conn: sqlite3.Connection, now: int) -> Claimed:
+            insert(conn, now)
+            row = self._load(conn, task.id)
+            assert row is not None
+            return self._grant(conn, row, owner_id, lease_ms, now)
+
+        return await self._transact(body, write=True)
+
+    def _inserter(
+        self, task: Task, work: Work, access: Access
+    ) -> Callable[[sqlite3.Connection, int], Snapshot]:
         self._ensure_open()
         if not isinstance(access, Access):
             raise TypeError("create needs an Access from authorize()")
@@ -694,7 +715,7 @@ class SqliteStore:
             )
             return snapshot_from_json(document)
 
-        return await self._transact(body, write=True)
+        return body
 
     async def get(self, task_id: str, access: Access) -> Snapshot | NotFound:
         self._ensure_open()

@@ -195,6 +195,17 @@ class MemoryStore:
 
     async def create(self, task: Task, work: Work, access: Access) -> Snapshot:
         now = await self._enter()
+        return _copy_snapshot(self._insert(task, work, access, now).snapshot)
+
+    async def create_claimed(
+        self, task: Task, work: Work, access: Access, owner_id: str, lease_ms: int
+    ) -> Claimed:
+        """``create`` and ``claim`` in one atomic step (no runner can adopt it in between)."""
+        now = await self._enter()
+        owner_id, lease_ms = _owner(owner_id), _positive_ms(lease_ms, "lease_ms")
+        return self._grant(self._insert(task, work, access, now), owner_id, lease_ms, now)
+
+    def _insert(self, task: Task, work: Work, access: Access, now: int) -> _Entry:
         if not isinstance(access, Access):
             raise TypeError("create needs an Access from authorize()")
         if (
@@ -221,7 +232,7 @@ class MemoryStore:
         if expires_at is not None:
             heapq.heappush(self._expiry, (expires_at, task.id, entry.serial))
         self._reschedule(entry, now)
-        return _copy_snapshot(snapshot)
+        return entry
 
     async def get(self, task_id: str, access: Access) -> Snapshot | NotFound:
         now = await self._enter()

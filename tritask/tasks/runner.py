@@ -48,6 +48,7 @@ from tritask.tasks.store import (
     CapacityExceeded,
     Claimed,
     Conflict,
+    CreatesClaimed,
     Deferred,
     Lease,
     NotFound,
@@ -385,13 +386,27 @@ class Runner:
     async def create_task(
         self, task: Task, work: Work, access: Access, *, context: Context | None = None
     ) -> Snapshot:
-        """Store the task and start it here: capacity check, create, claim, start."""
+        """Store the task and start it here: capacity check, create and claim, start.
+
+        With a store that offers ``create_claimed`` the task is created already claimed, so
+        no recovering runner can adopt it first; otherwise ``create`` is followed by ``claim``.
+        """
         self._require_running()
         if len(self._jobs) >= self.max_jobs:
             raise _JobCapacity()
-        snapshot = await self.store.create(task, work, access)
         if context is not None:
             self._contexts[task.id] = context
+        try:
+            if isinstance(self.store, CreatesClaimed):
+                claimed = await self.store.create_claimed(
+                    task, work, access, self.owner_id, self.lease_ms
+                )
+                await self._start(claimed, "request")
+                return claimed.snapshot
+            snapshot = await self.store.create(task, work, access)
+        except BaseException:
+            self._contexts.pop(task.id, None)
+            raise
         await self._claim_and_start(task.id, "request")
         return snapshot
 

@@ -291,6 +291,22 @@ def resolve_scope(scope: Scope, ctx: object) -> str:
         raise InvalidScope(f"the scope function returned a non-JSON value: {exc}") from None
 
 
+# -- optional capabilities --------------------------------------------------------------------
+
+
+@runtime_checkable
+class CreatesClaimed(Protocol):
+    """A store that can create a task and claim it in one atomic step.
+
+    Runners use it when offered, so no other runner's ``claim_next`` can adopt a task between
+    its creation and its first claim; without it they call ``create`` then ``claim``.
+    """
+
+    async def create_claimed(
+        self, task: Task, work: Work, access: Access, owner_id: str, lease_ms: int
+    ) -> Claimed: ...
+
+
 # -- the protocol -------------------------------------------------------------------------------
 
 

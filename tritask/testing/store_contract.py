@@ -53,6 +53,7 @@ from tritask.tasks.store import (
     CapacityExceeded,
     Claimed,
     Conflict,
+    CreatesClaimed,
     Deferred,
     DuplicateInputKey,
     EventIdReused,
@@ -940,3 +941,42 @@ class StoreContract:
             assert isinstance(snapshot, Snapshot)
             assert snapshot.work is not None
             assert snapshot.work.input == {"taskId": "task-1"}
+
+    # -- optional capability: create_claimed -------------------------------------------------
+
+    async def test_create_claimed_is_one_atomic_step(self) -> None:
+        """A store offering ``create_claimed`` hands its creator the first claim atomically."""
+        async with self.store(max_tasks=2) as store:
+            if not isinstance(store, CreatesClaimed):
+                pytest.skip("the store does not offer create_claimed")
+            access = await store.authorize(A, Action.CREATE, "task-1")
+            task = new_task("task-1", await store.now(), 60_000, 5)
+            work = Work(idempotency_key="task-1", type="contract", input={"taskId": "task-1"})
+            claimed = await store.create_claimed(task, work, access, "creator", LEASE_MS)
+            assert claimed.snapshot.revision == 0
+            assert claimed.snapshot.task.status is TaskStatus.WORKING
+            assert claimed.lease.owner_id == "creator"
+            assert claimed.lease.generation == 1
+            assert claimed.lease.expires_at == await store.now() + LEASE_MS * 1000
+            assert await store.claim_next("recoverer", LEASE_MS) is None
+            assert await store.claim("task-1", "recoverer", LEASE_MS) is UNAVAILABLE
+            get = await store.authorize(A, Action.GET, "task-1")
+            assert await store.get("task-1", get) == claimed.snapshot
+            done = await self.applied(
+                store, "task-1", 0, Event.completed({"ok": True}), WorkerAuthority(claimed.lease)
+            )
+            assert done.snapshot.task.status is TaskStatus.COMPLETED
+            again = await store.authorize(A, Action.CREATE, "task-1")
+            with pytest.raises(AlreadyExists):
+                await store.create_claimed(task, work, again, "creator", LEASE_MS)
+            await self.create(store, "task-2")
+            third = await store.authorize(A, Action.CREATE, "task-3")
+            with pytest.raises(CapacityExceeded):
+                await store.create_claimed(
+                    new_task("task-3", await store.now(), 60_000, 5),
+                    Work(idempotency_key="task-3", type="contract", input={}),
+                    third,
+                    "creator",
+                    LEASE_MS,
+                )
+            assert await store.claim("task-3", "creator", LEASE_MS) is NOT_FOUND
