@@ -1,5 +1,6 @@
 """The Runner under MockClock: heartbeats, fencing and replacement, max runtime, reaping,
-shutdown hygiene, and store calls without caller-side timeouts."""
+shutdown hygiene, store calls without caller-side timeouts, several nodes on one store,
+retry deadlines, and the cancel token seen by thread work."""
 
 from __future__ import annotations
 
