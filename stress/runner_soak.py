@@ -147,6 +147,19 @@ class _Executor:
         return Completed(_result("done", by="A", attempt=attempt))
 
 
+def _pending(round_no: int, specs: list[TaskSpec], watch: _Watch, executor: _Executor) -> str:
+    """Which tasks of a timed-out round were not terminal, and what they last looked like."""
+    rnd = executor.round
+    stuck = []
+    for spec in specs:
+        snapshot = watch.latest.get(spec.task_id)
+        status = "unseen" if snapshot is None else snapshot.task.status.value
+        if snapshot is None or not snapshot.task.status.is_terminal:
+            attempts = 0 if rnd is None else rnd.attempts[spec.task_id]
+            stuck.append(f"{spec.task_id} {spec.kind} {status} attempts={attempts}")
+    return f"round {round_no} timed out; not terminal: " + "; ".join(stuck[:8])
+
+
 def _descendants(nursery: trio.Nursery) -> int:
     count = 0
     for task in nursery.child_tasks:
@@ -277,10 +290,16 @@ async def run_runner(
                 specs = plan_round(params, prefix, round_no, rng)
                 all_specs.extend(specs)
                 tasks_before.append(_descendants(harness))
-                with trio.fail_after(params.timeout_ms / 1000):
+                with trio.move_on_after(params.timeout_ms / 1000) as deadline:
                     await _one_round(
                         store, partitioned, runner_a, runner_b, executor, watch, specs, params, bar
                     )
+                if deadline.cancelled_caught:
+                    checks.check(
+                        "roundsFinishInTime", False, _pending(round_no, specs, watch, executor)
+                    )
+                    break
+                checks.check("roundsFinishInTime", True)
                 tasks_after.append(_descendants(harness))
         finally:
             bar.close()

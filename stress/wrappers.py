@@ -151,14 +151,29 @@ class CountingStore(StoreProxy):
     """Counts the store calls that write (the durable commits of a SQL store)."""
 
     WRITES = ("create", "claim", "claim_next", "renew", "release", "transition", "reap")
+    """Each successful call of these is one durable commit on a SQL store."""
 
     def __init__(self, inner: Store) -> None:
         super().__init__(inner)
         self.calls: Counter[str] = Counter()
 
+    OPTIONAL_WRITES = ("create_claimed",)
+    """Optional store operations that write, counted when the inner store offers them."""
+
     @property
     def writes(self) -> int:
-        return sum(self.calls[name] for name in self.WRITES)
+        return sum(self.calls[name] for name in (*self.WRITES, *self.OPTIONAL_WRITES))
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self.inner, name)
+        if name not in self.OPTIONAL_WRITES:
+            return attribute
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] += 1
+            return await attribute(*args, **kwargs)
+
+        return counted
 
     async def create(self, task: Task, work: Work, access: Access) -> Snapshot:
         self.calls["create"] += 1

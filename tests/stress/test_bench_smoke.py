@@ -61,7 +61,7 @@ def test_bench_tasks_memory_smoke() -> None:
     assert result["name"] == "tasks"
     assert result["tritask"]["completed"] == 30
     assert result["tritask"]["sampleStatuses"] == ["completed"]
-    assert result["tritask"]["storeWritesPerTask"] >= 4
+    assert result["tritask"]["storeWritesPerTask"] >= 2  # e.g. create+claim, settle, release
     assert result["baseline"]["tasksPerSecond"] > 0
     assert result["target_met"] is None  # the 70% target is for the durable stores
 
@@ -70,7 +70,7 @@ def test_bench_tasks_memory_smoke() -> None:
 def test_bench_tasks_sqlite_smoke() -> None:
     result = bench("tasks", "--store", "sqlite:auto", "--tasks", "20", "--clients", "2")
     assert result["tritask"]["completed"] == 20
-    assert result["baseline"]["commitsPerTask"] >= 4
+    assert result["baseline"]["commitsPerTask"] >= 2
     assert result["baseline"]["settings"]["synchronous"] == "FULL"
     assert isinstance(result["ratio"], float)
     assert isinstance(result["target_met"], bool)

@@ -112,7 +112,9 @@ def test_a_stuck_workload_times_out_with_exit_1() -> None:
     )
     assert status == 1
     assert report["ok"] is False
-    assert "TooSlowError" in report["invariants"]["error"]
+    checks = report["invariants"]["checks"]
+    assert checks["roundsFinishInTime"] is False
+    assert report["invariants"]["failures"][0].startswith("roundsFinishInTime: round 0 timed out")
 
 
 def test_cli_prints_exactly_one_json_object_and_exit_status() -> None:
