@@ -339,7 +339,13 @@ class Runner:
             )
 
     async def _commit_worker(self, job: _Job, event: Event) -> Transition | None:
-        """Apply a worker event by compare-and-set, following conflicts with fresh revisions."""
+        """Apply a worker event by compare-and-set, following conflicts with fresh revisions.
+
+        A store failure (a busy database, a lost connection) is retried with the same event:
+        its id makes the resend idempotent, so a commit whose acknowledgement was lost comes
+        back as ``duplicate``. After ``settle_attempts`` the attempt gives up (``None``); the
+        claim then lapses and recovery runs the work again.
+        """
         revision = job.revision
         for _ in range(self.settle_attempts):
             try:
@@ -354,6 +360,12 @@ class Runner:
                     {"task_id": job.task_id, "event_kind": event.kind.value},
                 )
                 return None
+            except DuplicateInputKey:
+                raise  # the reducer's verdict, not a store failure
+            except Exception:
+                log.exception("committing %s for task %s failed; retrying", event.kind, job.task_id)
+                await trio.sleep(self.release_retry_ms / 1000)
+                continue
             if isinstance(result, Transition):
                 job.revision = max(job.revision, result.snapshot.revision)
                 return result
@@ -537,13 +549,21 @@ class Runner:
             if task_id not in self._awaiting_slot:
                 self._awaiting_slot.append(task_id)
             return
-        await self._claim_and_start(task_id, "retry")
+        await self._claim_retry(task_id)
+
+    async def _claim_retry(self, task_id: str) -> None:
+        """Claim a due retry; a store failure tries again later instead of stopping the runner."""
+        try:
+            await self._claim_and_start(task_id, "retry")
+        except Exception:
+            log.exception("claiming the retry of task %s failed; trying again", task_id)
+            self._schedule_retry(task_id, self.release_retry_ms)
 
     async def _fill_slots(self) -> None:
         while self._awaiting_slot and len(self._jobs) < self.max_jobs and self.running:
             task_id = self._awaiting_slot.popleft()
             if task_id not in self._jobs:
-                await self._claim_and_start(task_id, "retry")
+                await self._claim_retry(task_id)
 
     # -- one attempt ---------------------------------------------------------------------
 
@@ -620,7 +640,9 @@ class Runner:
             )
 
     async def _finish(self, job: _Job) -> None:
-        release_outcome = "ok" if await self._release(job.lease, lock=job.lease_lock) else "error"
+        retry = job.retry_delay_ms is not None and job.stop_reason is None
+        released = await self._release(job.lease, lock=job.lease_lock, retry=retry)
+        release_outcome = "ok" if released == "ok" else "error"
         for waiter in job.waiters.values():
             waiter.fail(StaleAttempt(job.task_id))
         if self._jobs.get(job.task_id) is job:
@@ -640,37 +662,48 @@ class Runner:
         if job.terminal:
             self._contexts.pop(job.task_id, None)
         job.done.set()
-        if job.retry_delay_ms is not None and job.stop_reason is None:
-            self._schedule_retry(job.task_id, job.retry_delay_ms)
+        if retry and released != "pending":
+            # After a stale release the store decides when the retry is due (delay 0 rechecks).
+            assert job.retry_delay_ms is not None
+            self._schedule_retry(job.task_id, job.retry_delay_ms if released == "ok" else 0)
         if self._awaiting_slot and self.running and self._nursery is not None:
             self._nursery.start_soon(self._fill_slots)
 
-    async def _release(self, lease: Lease, *, lock: trio.Lock | None = None) -> bool:
+    async def _release(
+        self, lease: Lease, *, lock: trio.Lock | None = None, retry: bool = False
+    ) -> Literal["ok", "stale", "pending"]:
+        """Release a claim; a store failure keeps retrying in the background (``pending``).
+
+        With ``retry``, a pending release schedules the task's retry once it has gone through:
+        before that the task's own claim would make the retry's claim ``unavailable``.
+        """
         try:
             if lock is not None:
                 async with lock:
                     await self.store.release(lease)
             else:
                 await self.store.release(lease)
-            return True
+            return "ok"
         except StaleLease:
-            return False
+            return "stale"
         except Exception:
             log.exception("releasing the lease of task %s failed; retrying", lease.task_id)
             if self._nursery is not None and not self._stopped.is_set():
-                self._nursery.start_soon(self._release_later, lease)
-            return False
+                self._nursery.start_soon(self._release_later, lease, retry)
+            return "pending"
 
-    async def _release_later(self, lease: Lease) -> None:
+    async def _release_later(self, lease: Lease, retry: bool) -> None:
         while True:
             await trio.sleep(self.release_retry_ms / 1000)
             try:
                 await self.store.release(lease)
-                return
+                break
             except StaleLease:
-                return
+                break
             except Exception:
                 log.debug("release of task %s still failing", lease.task_id)
+        if retry:
+            self._schedule_retry(lease.task_id, 0)  # the store's retry_at decides
 
     def _request_stop(self, job: _Job, reason: str) -> None:
         if job.stop_reason is None:
