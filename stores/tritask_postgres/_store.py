@@ -31,7 +31,7 @@ import functools
 import json
 import secrets
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from types import TracebackType
 from typing import Any, Final, NoReturn, Self, TypeVar
 
@@ -455,6 +455,22 @@ class PostgresStore:
         return Access(store_id=store_id, action=action, task_id=task_id, scope=scope)
 
     async def create(self, task: Task, work: Work, access: Access) -> Snapshot:
+        snapshot, _ = await self._create(task, work, access, None)
+        return snapshot
+
+    async def create_claimed(
+        self, task: Task, work: Work, access: Access, owner_id: str, lease_ms: int
+    ) -> Claimed:
+        """``create`` and the first claim in one transaction: no runner on any host can adopt
+        the task in between. It sends no ``created`` wake-up: there is nothing to recover."""
+        claim = (_owner(owner_id), _positive_ms(lease_ms, "lease_ms"))
+        snapshot, lease = await self._create(task, work, access, claim)
+        assert lease is not None
+        return Claimed(snapshot, lease)
+
+    async def _create(
+        self, task: Task, work: Work, access: Access, claim: tuple[str, int] | None
+    ) -> tuple[Snapshot, Lease | None]:
         _, store_id = self._opened()
         if not isinstance(access, Access):
             raise TypeError("create needs an Access from authorize()")
@@ -465,10 +481,11 @@ class PostgresStore:
         ):
             raise UnauthorizedAction("create needs a create access for this task from this store")
         try:
-            snapshot = initial_snapshot(task, work)
-            record = canonical_json(_record_json(snapshot))
+            record = canonical_json(_record_json(initial_snapshot(task, work)))
         except (CorruptRecord, TypeError, ValueError) as exc:
             raise InvalidTask(str(exc)) from exc
+        owner, lease_ms = claim if claim is not None else (None, 0)
+        token = None if claim is None else str(uuid.uuid4())
         params = self._params(
             task_id=task.id,
             record=record,
@@ -476,8 +493,11 @@ class PostgresStore:
             status=task.status.value,
             created_at=task.created_at,
             expires_at=_bigint(task.expires_at),
+            owner=owner,
+            token=token,
+            lease_us=min(lease_ms * 1000, _MAX_BIGINT),
             channel=self._channel,
-            payload=self._payload(WakeupKind.CREATED, task.id),
+            payload=None if claim is not None else self._payload(WakeupKind.CREATED, task.id),
             lock_class=CAPACITY_LOCK_CLASS,
             schema=self._schema,
             max_tasks=self._max_tasks or 0,
@@ -485,13 +505,19 @@ class PostgresStore:
         )
         limited = self._max_tasks is not None or self._max_active is not None
 
-        def run(conn: Conn) -> None:
+        def insert(conn: Conn) -> int | None:
+            """The claim's expiry (``None`` without a claim); raises when the id exists."""
+            row = conn.execute(self._q.insert, params).fetchone()
+            if row is None or row[0] != 1:
+                raise AlreadyExists(task.id)
+            return None if row[1] is None else int(row[1])
+
+        def run(conn: Conn) -> int | None:
             if not limited:
-                if not self._insert(conn, params):
-                    raise AlreadyExists(task.id)
-                return
+                return insert(conn)  # one statement: atomic without a transaction
             with conn.transaction():
                 conn.execute(self._q.capacity_lock, params)
+                # A new statement, so its snapshot includes the previous lock holder's insert.
                 row = conn.execute(self._q.capacity_counts, params).fetchone()
                 assert row is not None
                 exists, total, active = row
@@ -501,15 +527,21 @@ class PostgresStore:
                     raise CapacityExceeded("max_tasks")
                 if self._max_active is not None and active >= self._max_active:
                     raise CapacityExceeded("max_active_tasks_per_scope")
-                if not self._insert(conn, params):
-                    raise AlreadyExists(task.id)
+                return insert(conn)
 
-        await self._run(run)
-        return snapshot_from_json(json.loads(record))  # a copy the caller owns
-
-    def _insert(self, conn: Conn, params: dict[str, Any]) -> bool:
-        row = conn.execute(self._q.insert, params).fetchone()
-        return row is not None and row[0] == 1
+        expires_at = await self._run(run)
+        snapshot = snapshot_from_json(json.loads(record))  # a copy the caller owns
+        if owner is None or token is None or expires_at is None:
+            return snapshot, None
+        lease = Lease(
+            store_id=store_id,
+            task_id=task.id,
+            owner_id=owner,
+            token=token,
+            generation=1,
+            expires_at=expires_at,
+        )
+        return snapshot, lease
 
     async def get(self, task_id: str, access: Access) -> Snapshot | NotFound:
         self._opened()
@@ -907,7 +939,7 @@ class PostgresStore:
 
     # -- wake-ups -----------------------------------------------------------------------------
 
-    async def wakeups(self) -> AsyncIterator[Wakeup]:
+    async def wakeups(self) -> AsyncGenerator[Wakeup, None]:
         """Wake-up hints from every store on this schema, on any host (LISTEN/NOTIFY).
 
         The first item is always ``RESYNC`` (listening now; run recovery), and again after a
@@ -1002,13 +1034,20 @@ class _Queries:
             " AND status IN {active} LIMIT %(max_active)s) b)"
         )
         self.insert = q(
-            "WITH i AS (INSERT INTO {t} (task_id, record, scope, revision, status,"
-            " created_at_us, expires_at_us, retry_at_us)"
-            " VALUES (%(task_id)s, %(record)s::json, %(scope)s, 0, %(status)s,"
-            " %(created_at)s, %(expires_at)s, NULL)"
-            " ON CONFLICT (task_id) DO NOTHING RETURNING task_id),"
-            " nt AS (SELECT pg_notify(%(channel)s, %(payload)s::text) FROM i)"
-            " SELECT (SELECT count(*) FROM i), (SELECT count(*) FROM nt)"
+            "WITH n AS MATERIALIZED (SELECT {now} AS now),"
+            " i AS (INSERT INTO {t} (task_id, record, scope, revision, status, created_at_us,"
+            " expires_at_us, retry_at_us, claim_owner, claim_token, lease_generation,"
+            " claim_expires_at_us)"
+            " SELECT %(task_id)s, %(record)s::json, %(scope)s, 0, %(status)s, %(created_at)s,"
+            " %(expires_at)s, NULL, %(owner)s::text, %(token)s::uuid,"
+            " CASE WHEN %(owner)s::text IS NULL THEN 0 ELSE 1 END,"
+            " CASE WHEN %(owner)s::text IS NULL THEN NULL"
+            " ELSE LEAST(n.now::numeric + %(lease_us)s, " + str(_MAX_BIGINT) + ")::bigint END"
+            " FROM n ON CONFLICT (task_id) DO NOTHING RETURNING claim_expires_at_us),"
+            " nt AS (SELECT pg_notify(%(channel)s, %(payload)s::text) FROM i"
+            " WHERE %(payload)s::text IS NOT NULL)"
+            " SELECT (SELECT count(*) FROM i), (SELECT max(claim_expires_at_us) FROM i),"
+            " (SELECT count(*) FROM nt)"
         )
         self.write = q(
             "WITH u AS (UPDATE {t} SET record = %(record)s::json, revision = %(revision)s,"

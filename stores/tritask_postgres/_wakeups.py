@@ -15,7 +15,7 @@ from __future__ import annotations
 import enum
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any, Final
 
 import attrs
@@ -95,7 +95,7 @@ async def listen(
     origin: str,
     listeners: set[psycopg.Connection[Any]],
     closed: Callable[[], bool],
-) -> AsyncIterator[Wakeup]:
+) -> AsyncGenerator[Wakeup, None]:
     """Yield wake-ups from ``channel`` until ``closed()``, reconnecting with backoff.
 
     ``connect`` opens a new autocommit connection (blocking, run in a worker thread). The

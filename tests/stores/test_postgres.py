@@ -14,7 +14,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import psycopg
@@ -37,7 +37,7 @@ from tritask_postgres._pool import ConnectionPool
 
 from tritask.migrate import add_migrate_command, run_migrate
 from tritask.tasks.events import Effects, Event
-from tritask.tasks.model import Snapshot, TaskStatus
+from tritask.tasks.model import Snapshot, TaskStatus, new_task
 from tritask.tasks.store import (
     NOT_FOUND,
     UNAVAILABLE,
@@ -55,7 +55,7 @@ from tritask.tasks.store import (
     WorkerAuthority,
 )
 from tritask.tasks.stores import open_store
-from tritask.tasks.work import RetryPolicy
+from tritask.tasks.work import RetryPolicy, Work
 from tritask.testing.store_contract import START, ManualClock, StoreContract, by_tenant, tenant
 
 __all__ = ["pg_schemas", "postgres_dsn"]  # the fixtures this module uses
@@ -98,6 +98,15 @@ def activity(dsn: str, application_name: str) -> list[tuple[Any, ...]]:
             " WHERE application_name = %s ORDER BY pid",
             (application_name,),
         ).fetchall()
+
+
+async def assert_disconnected(dsn: str, application_name: str) -> None:
+    """The backends of ``application_name`` exit (asynchronously, after the client closed)."""
+    with trio.fail_after(5):
+        while True:  # polling: the server announces no backend exits
+            if not await trio.to_thread.run_sync(activity, dsn, application_name):
+                return
+            await trio.sleep(0.01)
 
 
 @contextlib.contextmanager
@@ -360,7 +369,7 @@ async def test_pool_cancels_a_running_query_and_reuses_the_connection(postgres_d
         assert await pool.run(backend) == pid
     finally:
         await pool.aclose()
-    assert activity(postgres_dsn, app) == []
+    await assert_disconnected(postgres_dsn, app)
 
 
 async def test_lock_timeout_is_database_busy(pg_schemas: SchemaFactory) -> None:
@@ -380,10 +389,7 @@ async def test_a_killed_pooled_connection_is_replaced(pg_schemas: SchemaFactory)
         [(pid, _, _, _)] = activity(pg_schemas.dsn, app)
         with connect(pg_schemas.dsn) as conn:
             conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
-        for _ in range(100):
-            if not activity(pg_schemas.dsn, app):
-                break
-            await trio.sleep(0.01)
+        await assert_disconnected(pg_schemas.dsn, app)
         get = await store.authorize(A, Action.GET, "task-1")
         assert isinstance(await store.get("task-1", get), Snapshot)
         [(new_pid, _, _, _)] = activity(pg_schemas.dsn, app)
@@ -410,7 +416,7 @@ def _threads_in_psycopg() -> list[str]:
 
 
 @contextlib.asynccontextmanager
-async def subscribed(store: PostgresStore) -> AsyncIterator[AsyncIterator[Wakeup]]:
+async def subscribed(store: PostgresStore) -> AsyncIterator[AsyncGenerator[Wakeup, None]]:
     """A subscription whose first item (RESYNC: listening) has been consumed."""
     wakeups = store.wakeups()
     try:
@@ -418,7 +424,7 @@ async def subscribed(store: PostgresStore) -> AsyncIterator[AsyncIterator[Wakeup
         assert first == Wakeup(kind=WakeupKind.RESYNC, task_id=None)
         yield wakeups
     finally:
-        await wakeups.aclose()  # type: ignore[attr-defined]
+        await wakeups.aclose()
 
 
 async def next_wakeup(wakeups: AsyncIterator[Wakeup], seconds: float = 5) -> Wakeup:
@@ -499,8 +505,13 @@ async def test_wakeup_kinds_and_cross_host_cancel(pg_schemas: SchemaFactory) -> 
         result = await api.transition("task-2", 3, stale_answer, update)
         assert isinstance(result, Transition)
         assert result.outcome == "unchanged"
-        await create(api, "task-3")
-        assert await next_wakeup(wakeups) == Wakeup(WakeupKind.CREATED, "task-3")
+        # created already claimed: nothing for other runners to recover, so no wake-up
+        access = await api.authorize(A, Action.CREATE, "task-3")
+        task = new_task("task-3", await api.now(), 60_000, None)
+        work = Work(idempotency_key="task-3", type="t", input={})
+        await api.create_claimed(task, work, access, "creator", LEASE_MS)
+        await create(api, "task-4")
+        assert await next_wakeup(wakeups) == Wakeup(WakeupKind.CREATED, "task-4")
 
 
 async def test_wakeups_resync_after_losing_the_connection(pg_schemas: SchemaFactory) -> None:
@@ -538,7 +549,7 @@ async def test_closing_the_store_ends_its_wakeups(pg_schemas: SchemaFactory) -> 
             with trio.fail_after(5):
                 await store.aclose()
     assert received == [Wakeup(WakeupKind.RESYNC, None)]
-    assert activity(pg_schemas.dsn, f"{app}-listen") == []
+    await assert_disconnected(pg_schemas.dsn, f"{app}-listen")
 
 
 # -- several hosts --------------------------------------------------------------------------------
@@ -595,6 +606,39 @@ async def test_claim_next_hands_out_distinct_tasks_under_contention(
                 nursery.start_soon(worker, hosts[n % 2], f"worker-{n}")
         assert sorted(taken) == [f"task-{n:02d}" for n in range(40)]
         assert await hosts[0].claim_next("late", LEASE_MS) is None
+
+
+async def test_create_claimed_is_never_adopted_by_another_host(pg_schemas: SchemaFactory) -> None:
+    schema = await pg_schemas.migrated()
+    api, recoverer = (pg_store(pg_schemas, schema, pool_size=5) for _ in range(2))
+    async with api, recoverer:
+        adopted: list[str] = []
+        leases: list[Lease] = []
+        done = trio.Event()
+
+        async def recover() -> None:
+            while not done.is_set():
+                result = await recoverer.claim_next("recoverer", LEASE_MS)
+                if result is not None:
+                    adopted.append(result.snapshot.task.id)
+
+        async def create_claimed(n: int) -> None:
+            task_id = f"task-{n:02d}"
+            access = await api.authorize(A, Action.CREATE, task_id)
+            task = new_task(task_id, await api.now(), 60_000, None)
+            work = Work(idempotency_key=task_id, type="t", input={})
+            leases.append((await api.create_claimed(task, work, access, "creator", LEASE_MS)).lease)
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(recover)
+            async with trio.open_nursery() as creators:
+                for n in range(30):
+                    creators.start_soon(create_claimed, n)
+            done.set()
+        assert adopted == []
+        assert sorted(lease.task_id for lease in leases) == [f"task-{n:02d}" for n in range(30)]
+        assert {lease.generation for lease in leases} == {1}
 
 
 @pytest.mark.parametrize("limit", ["max_active_tasks_per_scope", "max_tasks"])
@@ -670,6 +714,20 @@ async def test_database_clock_decides_leases(pg_schemas: SchemaFactory) -> None:
         assert again.lease.generation == 2
         with pytest.raises(StaleLease):
             await store.renew(lease, 300)
+
+
+async def test_claim_next_breaks_ties_in_code_point_order(pg_schemas: SchemaFactory) -> None:
+    schema = await pg_schemas.migrated()
+    ids = ["task-b", "task-B", "task-a", "task-é", "task-Z", "task-_"]
+    async with pg_store(pg_schemas, schema, clock=ManualClock(), scope="shared") as store:
+        for task_id in ids:  # all created at the same instant
+            await create(store, task_id)
+        order = []
+        while (result := await store.claim_next("owner", LEASE_MS)) is not None:
+            order.append(result.snapshot.task.id)
+        assert order == sorted(ids)  # Python's order, whatever the database's locale
+        page = await store.audit(limit=3, after="task-Z")
+        assert page.checked == tuple(sorted(i for i in ids if i > "task-Z")[:3])
 
 
 async def test_commit_times_step_one_microsecond(pg_schemas: SchemaFactory) -> None:

@@ -8,6 +8,8 @@
 -- exact, and compared by the same integer rules as every other store. Documents are `json`, not
 -- `jsonb`: `json` keeps the exact canonical text (number spelling, "\u0000" in strings), so a
 -- record decodes to precisely what was written and event replay compares exact text.
+-- Identifiers and scopes use the "C" collation: byte order, which for UTF-8 is code point order,
+-- so `claim_next` breaks creation-time ties and `audit` pages exactly as Python orders strings.
 
 CREATE TABLE store_metadata (
     singleton    boolean     PRIMARY KEY DEFAULT true CHECK (singleton),
@@ -18,12 +20,12 @@ CREATE TABLE store_metadata (
 INSERT INTO store_metadata DEFAULT VALUES;
 
 CREATE TABLE tasks (
-    task_id             text     PRIMARY KEY
+    task_id             text     COLLATE "C" PRIMARY KEY
                                  CHECK (task_id <> '' AND octet_length(task_id) <= 256),
     record_format       smallint NOT NULL DEFAULT 3 CHECK (record_format = 3),
     record              json     NOT NULL CHECK (json_typeof(record) = 'object'),
     -- canonical JSON {"value": <scope>, "version": 1}, compared as exact text
-    scope               text     NOT NULL CHECK (json_typeof(scope::json) = 'object'),
+    scope               text     COLLATE "C" NOT NULL CHECK (json_typeof(scope::json) = 'object'),
     revision            bigint   NOT NULL CHECK (revision >= 0),
     status              text     NOT NULL CHECK (status IN
                                      ('working', 'input_required', 'completed', 'failed',
@@ -56,7 +58,7 @@ CREATE INDEX tasks_active_scope ON tasks (scope)
 CREATE INDEX tasks_ttl ON tasks (expires_at_us, task_id) WHERE expires_at_us IS NOT NULL;
 
 CREATE TABLE task_events (
-    task_id         text     NOT NULL REFERENCES tasks (task_id) ON DELETE CASCADE,
+    task_id         text     COLLATE "C" NOT NULL REFERENCES tasks (task_id) ON DELETE CASCADE,
     event_id        text     NOT NULL CHECK (event_id <> ''),
     row_format      smallint NOT NULL DEFAULT 1 CHECK (row_format = 1),
     event_kind      text     NOT NULL CHECK (event_kind IN
