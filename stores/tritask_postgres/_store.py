@@ -39,6 +39,7 @@ import attrs
 import psycopg
 import trio
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
 from tritask.tasks._time import Clock
 from tritask.tasks.events import Effects, Event, EventKind, effects_from_json, effects_to_json
@@ -290,12 +291,15 @@ class PostgresStore:
     connections (default 10, each used by one worker thread at a time), ``max_tasks`` (10,000)
     and ``max_active_tasks_per_scope`` (100), ``reap_batch_size`` (500 per ``reap`` call),
     ``lock_timeout_ms`` (5,000: a row lock not granted in time raises ``DatabaseBusy``),
-    ``statement_timeout_ms`` (15,000), ``connect_timeout_s`` (10) and ``application_name``
-    (``tritask``, shown in ``pg_stat_activity``). ``clock`` is a test hook (see the module
-    docstring): production reads time from the database.
+    ``statement_timeout_ms`` (15,000), ``connect_timeout_s`` and ``application_name`` (shown
+    in ``pg_stat_activity``; the listener adds ``-listen``), which default to the DSN's values,
+    else 10 s and ``tritask``. ``clock`` is a test hook (see the module docstring): production
+    reads time from the database.
 
     The schema must have been migrated (``tritask migrate --store ...``); entering the store
-    checks its version and refuses a mismatch.
+    checks its version and refuses a mismatch. Connect directly or through a session-pooling
+    proxy: the store sets session timeouts and ``wakeups()`` needs ``LISTEN``, which
+    transaction pooling (PgBouncer's ``pool_mode=transaction``) does not support.
     """
 
     def __init__(
@@ -310,8 +314,8 @@ class PostgresStore:
         reap_batch_size: int = 500,
         lock_timeout_ms: int = 5_000,
         statement_timeout_ms: int = 15_000,
-        connect_timeout_s: int = 10,
-        application_name: str = "tritask",
+        connect_timeout_s: int | None = None,
+        application_name: str | None = None,
         clock: Clock | None = None,
     ) -> None:
         self._scope = require_scope(scope, store="PostgresStore")
@@ -325,7 +329,12 @@ class PostgresStore:
         self._reap_batch = _positive(reap_batch_size, "reap_batch_size")
         self._lock_timeout_ms = _positive_ms(lock_timeout_ms, "lock_timeout_ms")
         self._statement_timeout_ms = _positive_ms(statement_timeout_ms, "statement_timeout_ms")
+        from_dsn = conninfo_to_dict(self._conninfo)
+        if connect_timeout_s is None:
+            connect_timeout_s = int(from_dsn.get("connect_timeout") or 10)
         self._connect_timeout_s = _positive(connect_timeout_s, "connect_timeout_s", " of seconds")
+        if application_name is None:
+            application_name = str(from_dsn.get("application_name") or "tritask")
         if not isinstance(application_name, str):
             raise TypeError("application_name must be a string")
         self._application_name = application_name

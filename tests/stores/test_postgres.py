@@ -303,6 +303,26 @@ def test_migrate_command(pg_schemas: SchemaFactory, capsys: pytest.CaptureFixtur
     assert "schema must be an identifier" in err
 
 
+def test_tritask_migrate_through_the_cli(
+    pg_schemas: SchemaFactory, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tritask import cli
+
+    commands = next(
+        action
+        for action in cli.build_parser()._actions
+        if isinstance(action, argparse._SubParsersAction)
+    )
+    if "migrate" not in commands.choices:  # until tritask/cli.py registers it itself
+        monkeypatch.setattr(cli, "_extra_commands", add_migrate_command, raising=False)
+    schema = pg_schemas.name()
+    assert cli.main(["migrate", "--store", with_query(pg_schemas.dsn, f"schema={schema}")]) == 0
+    assert f"migrated schema {schema!r} to version 1" in capsys.readouterr().err
+    monkeypatch.setenv("TRITASK_STORE", pg_schemas.dsn)
+    assert cli.main(["migrate", "--schema", schema]) == 0
+    assert "is up to date" in capsys.readouterr().err
+
+
 # -- cancellation ---------------------------------------------------------------------------------
 
 
