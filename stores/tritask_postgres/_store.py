@@ -948,13 +948,13 @@ class PostgresStore:
 
     # -- wake-ups -----------------------------------------------------------------------------
 
-    async def wakeups(self) -> AsyncGenerator[Wakeup, None]:
+    def wakeups(self) -> AsyncGenerator[Wakeup, None]:
         """Wake-up hints from every store on this schema, on any host (LISTEN/NOTIFY).
 
-        The first item is always ``RESYNC`` (listening now; run recovery), and again after a
-        reconnect. Each call holds one dedicated connection outside the pool until the
-        iteration ends; closing the store ends it. Close it with ``aclose()`` (or
-        ``contextlib.aclosing``) when you stop early.
+        ``async for wakeup in store.wakeups()``: the first item is always ``RESYNC`` (listening
+        now; run recovery), and again after a reconnect. Each call holds one dedicated
+        connection outside the pool until the iteration ends; closing the store ends it. Close
+        it with ``aclose()`` (or ``contextlib.aclosing``) when you stop early.
         """
         self._opened()
 
@@ -969,10 +969,7 @@ class PostgresStore:
                 **self._connect_kwargs("-listen"),
             )
 
-        async for wakeup in listen(
-            connect, self._channel, self._origin, self._listeners, lambda: self._closed
-        ):
-            yield wakeup
+        return listen(connect, self._channel, self._origin, self._listeners, lambda: self._closed)
 
 
 class _Queries:

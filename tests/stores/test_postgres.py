@@ -261,6 +261,8 @@ def test_schema_names_and_urls() -> None:
         PostgresStore("postgresql://db/x")
     with pytest.raises(ValueError, match="pool_size"):
         PostgresStore("postgresql://db/x", scope="shared", pool_size=0)
+    with pytest.raises(RuntimeError, match="open the store first"):
+        PostgresStore("postgresql://db/x", scope="shared").wakeups()
 
 
 async def test_store_urls_open_through_the_entry_points(pg_schemas: SchemaFactory) -> None:
