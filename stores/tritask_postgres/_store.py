@@ -233,8 +233,8 @@ def _decode_row(values: tuple[Any, ...]) -> _Row:
         corrupt("partial claim columns")
     if owner is not None and (not owner or generation <= 0):
         corrupt("a claim without an owner or a generation")
-    if snapshot.work is None:
-        corrupt("a task without work")
+    if not (scope.startswith('{"value":') and scope.endswith(',"version":1}')):
+        corrupt("the scope is not a version 1 scope document")
     return _Row(snapshot, scope, owner, token, generation, claim_expires_at)
 
 
@@ -282,6 +282,10 @@ def _validate_ledger(row: _Row, rows: list[tuple[Any, ...]]) -> list[LedgerEntry
 
 def _deferred_ms(retry_at: int, now: int) -> int:
     return -(-(retry_at - now) // 1000)
+
+
+def _lease_expiry(now: int, lease_ms: int) -> int:
+    return min(now + lease_ms * 1000, _MAX_BIGINT)
 
 
 class PostgresStore:
@@ -447,12 +451,7 @@ class PostgresStore:
     # -- clock and requests -------------------------------------------------------------------
 
     async def now(self) -> int:
-        def run(conn: Conn) -> int:
-            row = conn.execute(self._q.now, self._params()).fetchone()
-            assert row is not None
-            return int(row[0])
-
-        return await self._run(run)
+        return await self._run(self._clock_now)
 
     async def authorize(self, ctx: object, action: Action, task_id: str) -> Access:
         await trio.lowlevel.checkpoint()
@@ -637,8 +636,12 @@ class PostgresStore:
             owner_id=owner_id,
             token=str(uuid.uuid4()),
             generation=row.generation + 1,
-            expires_at=min(now + lease_ms * 1000, _MAX_BIGINT),
+            expires_at=_lease_expiry(now, lease_ms),
         )
+        self._store_claim(conn, lease)
+        return Claimed(row.snapshot, lease)
+
+    def _store_claim(self, conn: Conn, lease: Lease) -> None:
         conn.execute(
             self._q.set_claim,
             {
@@ -649,7 +652,6 @@ class PostgresStore:
                 "expires_at": lease.expires_at,
             },
         )
-        return Claimed(row.snapshot, lease)
 
     def _lock(self, conn: Conn, task_id: str) -> _Row | None:
         values = conn.execute(self._q.lock, {"task_id": task_id}).fetchone()
@@ -719,20 +721,9 @@ class PostgresStore:
                 self._check_lease(row, lease, now)
                 # A fresh token too: the old value goes stale even if the expiry repeats.
                 renewed = attrs.evolve(
-                    lease,
-                    token=str(uuid.uuid4()),
-                    expires_at=min(now + lease_ms * 1000, _MAX_BIGINT),
+                    lease, token=str(uuid.uuid4()), expires_at=_lease_expiry(now, lease_ms)
                 )
-                conn.execute(
-                    self._q.set_claim,
-                    {
-                        "task_id": renewed.task_id,
-                        "owner": renewed.owner_id,
-                        "token": renewed.token,
-                        "generation": renewed.generation,
-                        "expires_at": renewed.expires_at,
-                    },
-                )
+                self._store_claim(conn, renewed)
                 return renewed
 
         return await self._run(run)
