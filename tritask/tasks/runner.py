@@ -504,6 +504,17 @@ class Runner:
                 {"task_id": lease.task_id},
             )
             await self._stop_job(old, "reclaimed")
+            # The old attempt may take longer to exit than the new claim lives (it can shield
+            # itself from cancellation): never start work on a claim that has lapsed meanwhile.
+            try:
+                lease = await self.store.renew(lease, self.lease_ms)
+            except StaleLease:
+                self._emit(
+                    ins.LEASE_LOST, {"generation": lease.generation}, {"task_id": lease.task_id}
+                )
+                return
+            except Exception:
+                log.exception("renewing the reclaimed lease of task %s failed", lease.task_id)
         token = ExecutionToken(
             task_id=lease.task_id,
             idempotency_key=snapshot.work.idempotency_key,
