@@ -150,7 +150,7 @@ class CoreParams:
     seconds: float = 5.0
     warmup_seconds: float = 1.0
     repeats: int = 3
-    pin: bool = True
+    pin: bool = False
     mcp_json_response: bool = False
     ceiling: bool = True
 

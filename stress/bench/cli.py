@@ -35,7 +35,9 @@ def register_bench(commands: Any, common: Callable[[argparse.ArgumentParser], No
     core.add_argument("--seconds", type=_positive_float, default=5.0, help="per measurement")
     core.add_argument("--warmup", type=float, default=1.0, help="seconds before measuring")
     core.add_argument("--repeats", type=_positive, default=3, help="alternating runs per side")
-    core.add_argument("--no-pin", action="store_true", help="do not pin client/servers to CPUs")
+    core.add_argument(
+        "--pin", action="store_true", help="pin the client to CPU 0 and the servers to CPU 1"
+    )
     core.add_argument(
         "--mcp-json-response",
         action="store_true",
@@ -102,7 +104,7 @@ def _handle_core(args: argparse.Namespace) -> int:
         seconds=args.seconds,
         warmup_seconds=args.warmup,
         repeats=args.repeats,
-        pin=not args.no_pin,
+        pin=args.pin,
         mcp_json_response=args.mcp_json_response,
     )
     return _run(args, lambda: bench_core(params))
