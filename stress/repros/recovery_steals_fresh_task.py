@@ -15,8 +15,8 @@ sqlite:auto`` shows it as ``claim_next`` calls (about 8% of the tasks on the 2-c
 
 Run: ``python -m stress.repros.recovery_steals_fresh_task`` (exit status 1 = reproduced).
 Fixed by stores that offer ``create_claimed`` (``CreatesClaimed``: create and claim in one
-atomic step; memory and SQLite): the script now exits 0 and stays as a regression check. A
-store without it (PostgreSQL at the time of writing) still shows the gap.
+atomic step; memory, SQLite and PostgreSQL): the script now exits 0 and stays as a regression
+check. A third-party store without ``create_claimed`` still has the gap.
 """
 
 from __future__ import annotations
