@@ -88,9 +88,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-origin", action="append", default=[], metavar="ORIGIN", help="accept this Origin"
     )
     serve.add_argument("--log-level", default=os.environ.get("TRITASK_LOG_LEVEL", "INFO"))
-    extra = getattr(sys.modules[__name__], "_extra_commands", None)
-    if extra is not None:
-        extra(commands)
+    from tritask.migrate import add_migrate_command
+
+    add_migrate_command(commands)
+    try:  # the stress harness ships beside tritask in a source checkout, not in every install
+        from stress.cli import add_stress_command
+    except ImportError:
+        pass
+    else:
+        add_stress_command(commands)
     return parser
 
 
