@@ -166,6 +166,7 @@ async def test_store_refuses_a_missing_schema(pg_schemas: SchemaFactory) -> None
     )
 
 
+@pytest.mark.contract("tasks-durable-store")
 async def test_store_refuses_a_newer_schema(pg_schemas: SchemaFactory) -> None:
     schema = await pg_schemas.migrated()
     raw_execute(
@@ -577,6 +578,7 @@ async def test_closing_the_store_ends_its_wakeups(pg_schemas: SchemaFactory) -> 
 # -- several hosts --------------------------------------------------------------------------------
 
 
+@pytest.mark.contract("tasks-durable-store")
 async def test_competing_claimers_across_stores_one_wins_per_task(
     pg_schemas: SchemaFactory,
 ) -> None:
@@ -608,6 +610,7 @@ async def test_competing_claimers_across_stores_one_wins_per_task(
         assert isinstance(await other.worker_snapshot("task-00", win.lease), Snapshot)
 
 
+@pytest.mark.contract("tasks-durable-store")
 async def test_claim_next_hands_out_distinct_tasks_under_contention(
     pg_schemas: SchemaFactory,
 ) -> None:
@@ -752,6 +755,50 @@ async def test_claim_next_breaks_ties_in_code_point_order(pg_schemas: SchemaFact
         assert page.checked == tuple(sorted(i for i in ids if i > "task-Z")[:3])
 
 
+@pytest.mark.contract("tasks-durable-store")
+async def test_renewal_keeps_a_claim_past_its_first_deadline(pg_schemas: SchemaFactory) -> None:
+    schema = await pg_schemas.migrated()
+    async with pg_store(pg_schemas, schema) as store:
+        await create(store, "task-1")
+        result = await store.claim("task-1", "owner-1", 400)
+        assert isinstance(result, Claimed)
+        await trio.sleep(0.2)
+        renewed = await store.renew(result.lease, 400)
+        await trio.sleep(0.3)  # past the first deadline, inside the renewed one
+        assert await store.now() > result.lease.expires_at
+        assert await store.claim("task-1", "owner-2", 400) is UNAVAILABLE
+        assert await store.claim_next("owner-2", 400) is None
+        assert isinstance(await store.worker_snapshot("task-1", renewed), Snapshot)
+
+
+@pytest.mark.contract("tasks-durable-store")
+async def test_reopen_keeps_record_history_and_replay(pg_schemas: SchemaFactory) -> None:
+    schema = await pg_schemas.migrated()
+    clock = ManualClock()
+    async with pg_store(pg_schemas, schema, clock=clock) as first:
+        await create(first, "task-1", policy=RetryPolicy([1000]))
+        lease = await claimed(first, "task-1")
+        retry = Event.retry_requested(ERROR, "again", id="retry-1")
+        original = await first.transition("task-1", 0, retry, WorkerAuthority(lease))
+        assert isinstance(original, Transition)
+        history = await first.history("task-1")
+    clock.advance(5)
+    async with pg_store(pg_schemas, schema, clock=clock) as second:  # a restart, or another host
+        assert second.store_id == lease.store_id
+        assert isinstance(await second.worker_snapshot("task-1", lease), Snapshot)
+        replay = await second.transition("task-1", 0, retry, WorkerAuthority(lease))
+        assert replay == Transition(
+            outcome="duplicate",
+            snapshot=original.snapshot,
+            effects=original.effects,
+            event_revision=1,
+            committed_at=original.committed_at,
+        )
+        assert await second.history("task-1") == history
+        get = await second.authorize(A, Action.GET, "task-1")
+        assert await second.get("task-1", get) == original.snapshot
+
+
 async def test_commit_times_step_one_microsecond(pg_schemas: SchemaFactory) -> None:
     schema = await pg_schemas.migrated()
     clock = ManualClock()
@@ -819,6 +866,7 @@ async def test_values_round_trip_exactly(pg_schemas: SchemaFactory) -> None:
         assert await store.get("task-1", other) is NOT_FOUND  # 1 and 1.0 are different scopes
 
 
+@pytest.mark.contract("tasks-durable-store")
 async def test_corrupt_rows_fail_closed(pg_schemas: SchemaFactory) -> None:
     schema = await pg_schemas.migrated()
     tasks = sql.SQL("{}.tasks").format(sql.Identifier(schema))
