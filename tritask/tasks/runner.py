@@ -52,6 +52,7 @@ from tritask.tasks.store import (
     Deferred,
     Lease,
     NotFound,
+    OffersWakeups,
     RequestAuthority,
     StaleLease,
     Store,
@@ -201,6 +202,7 @@ class Runner:
         self._listeners: list[Listener] = []
         self._nursery: trio.Nursery | None = None
         self._stopping = trio.Event()
+        self._recover_soon = trio.Event()
         self._stopped = trio.Event()
         self._peak = 0
         self._started_count = 0
@@ -222,6 +224,8 @@ class Runner:
                 self._nursery = nursery
                 if self.recover:
                     nursery.start_soon(self._recovery_loop)
+                if isinstance(self.store, OffersWakeups):
+                    nursery.start_soon(self._wakeup_loop, self.store)
                 if self.reap_interval_ms is not None:
                     nursery.start_soon(self._reap_loop)
                 task_status.started(self)
@@ -849,7 +853,71 @@ class Runner:
                 await self.recover_once()
             except Exception:
                 log.exception("recovery pass failed")
-            await trio.sleep(self.recovery_interval_ms / 1000)
+            with trio.move_on_after(self.recovery_interval_ms / 1000):
+                await self._recover_soon.wait()
+            self._recover_soon = trio.Event()
+
+    def _poke_recovery(self, delay_s: float = 0.0) -> None:
+        """Run a recovery pass now (or after ``delay_s``) instead of at the next poll."""
+        if not self.recover or self._nursery is None or self._stopping.is_set():
+            return
+        if delay_s <= 0:
+            self._recover_soon.set()
+            return
+
+        async def later() -> None:
+            await trio.sleep(delay_s)
+            self._recover_soon.set()
+
+        self._nursery.start_soon(later)
+
+    async def _wakeup_loop(self, store: OffersWakeups) -> None:
+        """React to the store's wake-up hints (e.g. PostgreSQL NOTIFY) within milliseconds.
+
+        Hints are never the authority: a new task or a due retry triggers a recovery pass (the
+        store decides what is claimable); an accepted input or a cancellation committed
+        elsewhere makes the local attempt re-read its task at once instead of at its next
+        heartbeat. Polling and heartbeats remain the safety net.
+        """
+        while True:
+            try:
+                async with contextlib.aclosing(store.wakeups()) as stream:
+                    async for wakeup in stream:
+                        await self._on_wakeup(wakeup)
+                return
+            except Exception:
+                log.exception("the store's wake-up stream failed; polling until it is back")
+                await trio.sleep(self.recovery_interval_ms / 1000)
+
+    async def _on_wakeup(self, wakeup: Any) -> None:
+        kind = str(getattr(wakeup, "kind", ""))
+        task_id = getattr(wakeup, "task_id", None)
+        local = bool(getattr(wakeup, "local", False))
+        if kind in ("resync", "created", "released") and not (local and kind == "created"):
+            self._poke_recovery()
+        elif kind == "retry_scheduled":
+            due_at = getattr(wakeup, "due_at", None)
+            delay = 0.0
+            if isinstance(due_at, int):
+                delay = max(0.0, (due_at - await self.store.now()) / 1_000_000)
+            self._poke_recovery(delay)
+        elif kind in ("input_accepted", "cancelled") and isinstance(task_id, str) and not local:
+            job = self._jobs.get(task_id)
+            if job is not None:
+                await self._refresh(job)
+
+    async def _refresh(self, job: _Job) -> None:
+        """Re-read a running attempt's task now (what a heartbeat does, without renewing)."""
+        try:
+            async with job.lease_lock:
+                snapshot = await self.store.worker_snapshot(job.task_id, job.lease)
+        except StaleLease:
+            self._request_stop(job, "stale_lease")
+            return
+        if isinstance(snapshot, NotFound):
+            self._request_stop(job, "expired")
+            return
+        self._reconcile(job, snapshot)
 
     async def recover_once(self) -> int:
         """Claim and start up to ``recovery_batch_size`` claimable tasks; return how many."""

@@ -22,7 +22,7 @@ reaping is the only physical deletion.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from types import TracebackType
 from typing import Any, Final, Literal, Protocol, Self, final, runtime_checkable
 
@@ -305,6 +305,19 @@ class CreatesClaimed(Protocol):
     async def create_claimed(
         self, task: Task, work: Work, access: Access, owner_id: str, lease_ms: int
     ) -> Claimed: ...
+
+
+@runtime_checkable
+class OffersWakeups(Protocol):
+    """A store that can push hints when work appears or changes elsewhere (PostgreSQL NOTIFY).
+
+    ``wakeups()`` returns an async iterator of hints with ``kind`` (``"resync"``, ``"created"``,
+    ``"retry_scheduled"``, ``"released"``, ``"input_accepted"``, ``"cancelled"``), ``task_id``,
+    ``due_at`` (store µs, for retries) and ``local`` (this store object made the commit). A hint
+    is never the authority: runners re-ask the store, and keep polling as the safety net.
+    """
+
+    def wakeups(self) -> AsyncGenerator[Any, None]: ...
 
 
 # -- the protocol -------------------------------------------------------------------------------
