@@ -13,11 +13,11 @@ import sys
 from typing import Any
 
 import trio
+from tritask_postgres import PostgresStore
 
 from tritask.tasks.executor import Completed, ExecutionToken
 from tritask.tasks.runner import Runner
 from tritask.tasks.work import Work
-from tritask_postgres import PostgresStore
 
 
 def _append(path: str, line: str) -> None:
