@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,10 @@ CASES = {
     "08_tasks_durable.py": [
         "3. the request's credential is in none of the store's files",
         "4. recovered at generation 2 and completed",
+    ],
+    "10_tasks_postgres.py": [
+        "4. host B adopted it at generation 2 (woken by NOTIFY)",
+        "5. completed: report built on host B",
     ],
     "09_tasks_retry.py": [
         "1. attempt 1 asked for a retry; retry_at = 2026-08-25T10:01:00.001Z",
@@ -31,12 +36,21 @@ CASES = {
             ("07_tasks_memory.py", "tasks-extension-lifecycle"),
             ("08_tasks_durable.py", "tasks-work-descriptor"),
             ("09_tasks_retry.py", "tasks-retry-policy"),
+            ("10_tasks_postgres.py", "tasks-recovery-claims"),
         ]
     ],
 )
 def test_example_runs(name: str) -> None:
+    args = [sys.executable, str(EXAMPLES / name)]
+    if name.startswith("10_"):
+        dsn = os.environ.get("TRITASK_TEST_POSTGRES_DSN")
+        if not dsn:
+            if os.environ.get("TRITASK_REQUIRE_POSTGRES") == "1":
+                pytest.fail("TRITASK_REQUIRE_POSTGRES=1 but TRITASK_TEST_POSTGRES_DSN is unset")
+            pytest.skip("PostgreSQL example: set TRITASK_TEST_POSTGRES_DSN")
+        args.append(dsn)
     completed = subprocess.run(
-        [sys.executable, str(EXAMPLES / name)],
+        args,
         capture_output=True,
         text=True,
         timeout=120,
