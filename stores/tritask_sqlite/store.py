@@ -2,13 +2,17 @@
 
 How it works, and why:
 
-* **One connection, one hop per operation.** Every operation is ONE ``trio.to_thread.run_sync``
-  call running a whole transaction, and the store's ``trio.Lock`` (FIFO) hands the connection to
-  one operation at a time, in arrival order. A trio cancellation while the thread runs calls
-  ``Connection.interrupt()`` from a sibling task, waits for the thread to come back (the
-  transaction is rolled back), then raises ``Cancelled``; the connection stays usable. An
-  operation that committed before the interrupt landed returns its result instead (trio's rule:
-  ``Cancelled`` means it did not happen).
+* **One connection, one worker thread.** Every operation is one whole transaction run by the
+  store's own worker thread, which owns the connection and takes operations from a FIFO queue
+  in arrival order, one after the other: the next operation starts as soon as the previous one
+  has committed, without waiting for the trio loop to hand the connection on (under load the
+  loop is busy, and a lock handed over through it would stay idle for a scheduling round or two
+  per operation). Each operation still commits on its own before it is acknowledged. A trio
+  cancellation of a queued operation removes it unrun; of a running one it calls
+  ``Connection.interrupt()``, waits for the thread to come back (the transaction is rolled
+  back), then raises ``Cancelled``; the connection stays usable. An operation that committed
+  before the interrupt landed returns its result instead (trio's rule: ``Cancelled`` means it
+  did not happen).
 * **``BEGIN IMMEDIATE`` for every write.** The write reservation is taken before the row or the
   clock is read, so every decision is made on the latest committed state and a read→write
   upgrade can never fail with ``SQLITE_BUSY`` outside ``busy_timeout``. Reads use deferred
@@ -39,12 +43,15 @@ How it works, and why:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import sqlite3
 import sys
+import threading
 import uuid
+from collections import deque
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Final, Literal, Self, TypeVar, final
@@ -67,6 +74,7 @@ from tritask.tasks.reducer import apply
 from tritask.tasks.store import (
     NOT_FOUND,
     REQUEST_KINDS,
+    SETTLE_KINDS,
     UNAVAILABLE,
     WORKER_KINDS,
     Access,
@@ -94,7 +102,7 @@ from tritask.tasks.store import (
     require_scope,
     resolve_scope,
 )
-from tritask.tasks.work import Work, canonical_json
+from tritask.tasks.work import JSONObject, Work, canonical_json
 from tritask_sqlite import schema
 
 __all__ = ["AuditFinding", "AuditPage", "LedgerEntry", "SqliteStore", "StoreLocked"]
@@ -116,6 +124,10 @@ _COLUMNS = (
     " retry_at_us, claim_owner, claim_token, lease_generation, claim_expires_at_us, claim_epoch"
 )
 _SELECT = f"SELECT {_COLUMNS} FROM tritask_tasks"
+_CLEAR_CLAIM = (
+    "UPDATE tritask_tasks SET claim_owner = NULL, claim_token = NULL,"
+    " claim_expires_at_us = NULL, claim_epoch = NULL WHERE task_id = ?"
+)
 
 
 class StoreLocked(StoreError):
@@ -157,15 +169,122 @@ class _Row:
     claim: Lease | None
 
 
-@attrs.define
-class _Hop:
-    done: bool = False
+@attrs.define(eq=False)
+class _Op:
+    """One queued operation: ``fn(connection)`` for the trio task waiting on it."""
+
+    fn: Callable[[sqlite3.Connection], Any]
+    task: trio.lowlevel.Task
+    state: Literal["queued", "running", "done", "abandoned"] = "queued"
     interrupted: bool = False
+
+
+class _Worker:
+    """The thread that owns the connection and runs queued operations in arrival order.
+
+    Results go back to the waiting trio task through the run's token. ``stop`` lets the
+    operations already queued fail with ``ClosedResourceError`` (nothing new is run), then the
+    thread closes the connection and the lock file and sets ``stopped`` (in trio).
+    """
+
+    def __init__(
+        self, conn: sqlite3.Connection, lock_fd: int | None, token: trio.lowlevel.TrioToken
+    ) -> None:
+        self.conn = conn
+        self.lock_fd = lock_fd
+        self.token = token
+        self.mutex = threading.Lock()
+        self.wake = threading.Condition(self.mutex)
+        self.queue: deque[_Op] = deque()
+        self.running: _Op | None = None
+        self.stopping = False
+        self.stopped = trio.Event()
+        self.thread = threading.Thread(target=self._main, name="tritask-sqlite", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def submit(self, op: _Op) -> None:
+        with self.wake:
+            if self.stopping:
+                raise trio.ClosedResourceError("the store is closed")
+            self.queue.append(op)
+            self.wake.notify()
+
+    def abort(self, op: _Op) -> trio.lowlevel.Abort:
+        """Cancellation of a waiting task: drop its queued operation or interrupt it."""
+        with self.mutex:
+            if op.state == "queued":
+                op.state = "abandoned"
+                return trio.lowlevel.Abort.SUCCEEDED
+            if op.state == "running":
+                op.interrupted = True
+                self.conn.interrupt()
+        return trio.lowlevel.Abort.FAILED
+
+    def stop(self) -> None:
+        with self.wake:
+            self.stopping = True
+            self.wake.notify()
+
+    def _main(self) -> None:
+        closed = outcome.Error(trio.ClosedResourceError("the store is closed"))
+        try:
+            while True:
+                with self.wake:
+                    while not self.queue and not self.stopping:
+                        self.wake.wait()
+                    if not self.queue:
+                        break
+                    op = self.queue.popleft()
+                    if op.state == "abandoned":
+                        continue
+                    if self.stopping:
+                        op.state = "done"
+                        result: outcome.Outcome[Any] = closed
+                    else:
+                        op.state = "running"
+                        self.running = op
+                if op.state == "running":
+                    result = outcome.capture(op.fn, self.conn)
+                    with self.mutex:
+                        op.state = "done"
+                        self.running = None
+                self._deliver(op, result)
+        finally:
+            try:
+                _close(self.conn, self.lock_fd)
+            finally:
+                with contextlib.suppress(trio.RunFinishedError):
+                    self.token.run_sync_soon(self.stopped.set)
+
+    def _deliver(self, op: _Op, result: outcome.Outcome[Any]) -> None:
+        with contextlib.suppress(trio.RunFinishedError):
+            # Resume the task with the outcome itself (the caller inspects it, then unwraps).
+            self.token.run_sync_soon(trio.lowlevel.reschedule, op.task, outcome.Value(result))
 
 
 def _dump(value: object) -> str:
     """The stored JSON text: sorted keys, compact, ASCII (any Python string survives UTF-8)."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def _new_record(task: Task, work: Work) -> JSONObject:
+    """The revision-0 record of a new task (:class:`InvalidTask` when it is not one)."""
+    try:
+        return snapshot_to_json(initial_snapshot(task, work))
+    except (TypeError, ValueError) as exc:
+        raise InvalidTask(str(exc)) from exc
+
+
+def _stamped(task: Task, now: int) -> Task:
+    """A new task stamped at ``now`` (anything else is left for ``_new_record`` to refuse)."""
+    if not isinstance(task, Task) or task.created_at != task.last_updated_at:
+        return task
+    try:
+        return attrs.evolve(task, created_at=now, last_updated_at=now)
+    except (TypeError, ValueError) as exc:  # e.g. the TTL now ends past the last instant
+        raise InvalidTask(str(exc)) from exc
 
 
 def _scope_text(key: str) -> str:
@@ -279,21 +398,6 @@ def _close(conn: sqlite3.Connection | None, lock_fd: int | None) -> None:
             os.close(lock_fd)
 
 
-async def _interrupt_on_cancel(conn: sqlite3.Connection, hop: _Hop) -> None:
-    """Sleep until the hop ends or the caller is cancelled; on the latter, interrupt SQLite.
-
-    The ``Cancelled`` is not re-raised here: the caller's own checkpoint after the thread
-    returns raises it (cancellation is level-triggered), so nothing is lost, and the caller gets
-    a plain ``Cancelled`` instead of an exception group.
-    """
-    try:
-        await trio.sleep_forever()
-    except trio.Cancelled:
-        if not hop.done:
-            hop.interrupted = True
-            conn.interrupt()
-
-
 def _is_busy(exc: sqlite3.Error) -> bool:
     return exc.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
@@ -343,8 +447,7 @@ class SqliteStore:
         self._reap_batch = _positive_int(reap_batch_size, "reap_batch_size")
         self._lock = trio.Lock()
         self._state: Literal["new", "open", "closed"] = "new"
-        self._conn: sqlite3.Connection | None = None
-        self._lock_fd: int | None = None
+        self._worker: _Worker | None = None
         self._store_uuid = ""
         self._epoch = 0
         self._id = ""
@@ -378,7 +481,8 @@ class SqliteStore:
             if self._closed():  # aclose() ran while the thread was opening
                 await trio.to_thread.run_sync(_close, conn, lock_fd)
                 raise trio.ClosedResourceError("the store was closed while opening")
-            self._conn, self._lock_fd = conn, lock_fd
+            self._worker = _Worker(conn, lock_fd, trio.lowlevel.current_trio_token())
+            self._worker.start()
             self._store_uuid, self._epoch = info.store_id, info.boot_epoch
             self._id = self._instance_id(info.boot_epoch)
             self._state = "open"
@@ -424,10 +528,10 @@ class SqliteStore:
         self._state = "closed"
         with trio.CancelScope(shield=True):
             async with self._lock:
-                conn, lock_fd = self._conn, self._lock_fd
-                self._conn = self._lock_fd = None
-                if conn is not None or lock_fd is not None:
-                    await trio.to_thread.run_sync(_close, conn, lock_fd)
+                worker, self._worker = self._worker, None
+                if worker is not None:
+                    worker.stop()  # the running operation finishes; queued ones are refused
+                    await worker.stopped.wait()
 
     async def __aenter__(self) -> Self:
         if self._state == "new":
@@ -454,23 +558,21 @@ class SqliteStore:
     # -- the thread hop -----------------------------------------------------------------------
 
     async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn(connection)`` in a worker thread: one hop, interrupted on cancellation."""
-        async with self._lock:
-            self._ensure_open()
-            conn = self._conn
-            assert conn is not None
-            hop = _Hop()
+        """Run ``fn(connection)`` on the worker thread, after the operations queued before it.
 
-            async def in_thread() -> T:
-                return await trio.to_thread.run_sync(fn, conn)
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_interrupt_on_cancel, conn, hop)
-                with trio.CancelScope(shield=True):
-                    result = await outcome.acapture(in_thread)
-                hop.done = True
-                nursery.cancel_scope.cancel()
-        if hop.interrupted and isinstance(result, outcome.Error):
+        Cancelled while queued, it never runs; while running, SQLite is interrupted and the
+        caller waits for the thread (see the module docstring).
+        """
+        self._ensure_open()
+        worker = self._worker
+        if worker is None:
+            raise trio.ClosedResourceError("the store is closed")
+        op = _Op(fn, trio.lowlevel.current_task())
+        worker.submit(op)
+        result: outcome.Outcome[T] = await trio.lowlevel.wait_task_rescheduled(
+            lambda _: worker.abort(op)
+        )
+        if op.interrupted and isinstance(result, outcome.Error):
             await trio.lowlevel.checkpoint()  # raises the caller's Cancelled
         return result.unwrap()
 
@@ -658,19 +760,31 @@ class SqliteStore:
         self, task: Task, work: Work, access: Access, owner_id: str, lease_ms: int
     ) -> Claimed:
         """``create`` and ``claim`` in one IMMEDIATE transaction: nobody adopts it in between."""
+        return await self._create_claimed(task, work, access, owner_id, lease_ms, stamp=False)
+
+    async def create_claimed_stamped(
+        self, task: Task, work: Work, access: Access, owner_id: str, lease_ms: int
+    ) -> Claimed:
+        """``create_claimed`` with ``createdAt``/``lastUpdatedAt`` read from the store's clock
+        inside the creating transaction (the given task's instants are placeholders)."""
+        return await self._create_claimed(task, work, access, owner_id, lease_ms, stamp=True)
+
+    async def _create_claimed(
+        self, task: Task, work: Work, access: Access, owner_id: str, lease_ms: int, *, stamp: bool
+    ) -> Claimed:
         owner_id, lease_ms = _owner(owner_id), _positive_int(lease_ms, "lease_ms")
-        insert = self._inserter(task, work, access)
+        insert = self._inserter(task, work, access, stamp=stamp)
+        scope = access.scope
 
         def body(conn: sqlite3.Connection, now: int) -> Claimed:
-            insert(conn, now)
-            row = self._load(conn, task.id)
-            assert row is not None
+            # The row is exactly what was just inserted: no need to read it back.
+            row = _Row(insert(conn, now), scope, 0, None)
             return self._grant(conn, row, owner_id, lease_ms, now)
 
         return await self._transact(body, write=True)
 
     def _inserter(
-        self, task: Task, work: Work, access: Access
+        self, task: Task, work: Work, access: Access, *, stamp: bool = False
     ) -> Callable[[sqlite3.Connection, int], Snapshot]:
         self._ensure_open()
         if not isinstance(access, Access):
@@ -681,13 +795,12 @@ class SqliteStore:
             or access.task_id != getattr(task, "id", None)
         ):
             raise UnauthorizedAction("create needs a create access for this task from this store")
-        try:
-            document = snapshot_to_json(initial_snapshot(task, work))
-        except (TypeError, ValueError) as exc:
-            raise InvalidTask(str(exc)) from exc
+        document = _new_record(task, work)
         scope = _scope_text(access.scope)
 
         def body(conn: sqlite3.Connection, now: int) -> Snapshot:
+            created = _stamped(task, now) if stamp else task
+            record = _new_record(created, work) if stamp else document
             if conn.execute("SELECT 1 FROM tritask_tasks WHERE task_id = ?", (task.id,)).fetchone():
                 raise AlreadyExists(task.id)
             if self._max_tasks is not None:
@@ -706,14 +819,14 @@ class SqliteStore:
                 (
                     task.id,
                     RECORD_VERSION,
-                    _dump(document),
+                    _dump(record),
                     scope,
                     task.status.value,
-                    task.created_at,
-                    task.expires_at,
+                    created.created_at,
+                    created.expires_at,
                 ),
             )
-            return snapshot_from_json(document)
+            return snapshot_from_json(record)
 
         return body
 
@@ -850,11 +963,7 @@ class SqliteStore:
             row = self._lease_row(conn, lease)
             if row.claim != lease:
                 raise StaleLease("the lease does not match the task's claim")
-            conn.execute(
-                "UPDATE tritask_tasks SET claim_owner = NULL, claim_token = NULL,"
-                " claim_expires_at_us = NULL, claim_epoch = NULL WHERE task_id = ?",
-                (lease.task_id,),
-            )
+            conn.execute(_CLEAR_CLAIM, (lease.task_id,))
 
         await self._transact(body, write=True)
 
@@ -892,6 +1001,67 @@ class SqliteStore:
             return self._apply(conn, row, expected_revision, event, event_json, now)
 
         return await self._transact(body, write=True)
+
+    async def settle(
+        self, task_id: str, expected_revision: int, event: Event, lease: Lease
+    ) -> Transition | Conflict | NotFound:
+        """A worker's final event and the release of its claim in one IMMEDIATE transaction."""
+        self._ensure_open()
+        if type(expected_revision) is not int:
+            raise TypeError("expected_revision must be an int")
+        if expected_revision < 0:
+            raise ValueError("expected_revision must be >= 0")
+        if not isinstance(event, Event):
+            raise TypeError("settle needs an Event")
+        if event.kind not in SETTLE_KINDS:
+            raise UnauthorizedAction(f"settle cannot apply {event.kind.value}")
+        event_json = canonical_json(event.to_json())
+
+        def body(conn: sqlite3.Connection, now: int) -> Transition | Conflict | NotFound:
+            row = self._load(conn, task_id)
+            if row is None:
+                return NOT_FOUND
+            try:
+                self._check_lease(row, lease, now)
+            except StaleLease:
+                replay = self._released_replay(conn, row, lease, event, event_json)
+                if replay is None:
+                    raise
+                return replay
+            result = self._apply(conn, row, expected_revision, event, event_json, now)
+            if isinstance(result, Transition):
+                conn.execute(_CLEAR_CLAIM, (task_id,))
+            return result
+
+        return await self._transact(body, write=True)
+
+    def _released_replay(
+        self, conn: sqlite3.Connection, row: _Row, lease: object, event: Event, event_json: str
+    ) -> Transition | None:
+        """The resend of a settle that committed and released (no later claim was made)."""
+        if (
+            not isinstance(lease, Lease)
+            or lease.store_id != self._id
+            or lease.task_id != row.snapshot.task.id
+            or row.claim is not None
+            or row.generation != lease.generation
+        ):
+            return None
+        if not conn.execute(
+            "SELECT 1 FROM tritask_task_events WHERE task_id = ? AND event_id = ?",
+            (lease.task_id, event.id),
+        ).fetchone():
+            return None
+        original = next(e for e in self._ledger(conn, row) if e.event.id == event.id)
+        if canonical_json(original.event.to_json()) != event_json:
+            return None
+        return Transition(
+            outcome="duplicate",
+            snapshot=row.snapshot,
+            effects=original.effects,
+            event_revision=original.revision,
+            committed_at=original.committed_at,
+        )
 
     def _apply(
         self,

@@ -372,10 +372,16 @@ class Tasks(Extension):
         except StoreError as error:
             log.error("task authorization failed: %s", error)
             raise InternalError("Task authorization failed") from error
-        task = new_task(task_id, await store.now(), ttl, poll, message)
+        # createdAt is a placeholder: the runner has the store stamp it at creation, in the
+        # creating step itself when the store offers that (no separate now() round trip).
+        task = new_task(task_id, 0, ttl, poll, message)
         try:
             snapshot = await runner.create_task(
-                task, work, access, context=ctx.detach(task_id=task_id, idempotency_key=task_id)
+                task,
+                work,
+                access,
+                context=ctx.detach(task_id=task_id, idempotency_key=task_id),
+                stamp=True,
             )
         except CapacityExceeded as error:
             raise InternalError(

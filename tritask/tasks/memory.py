@@ -32,6 +32,7 @@ from tritask.tasks.reducer import apply
 from tritask.tasks.store import (
     NOT_FOUND,
     REQUEST_KINDS,
+    SETTLE_KINDS,
     UNAVAILABLE,
     WORKER_KINDS,
     Access,
@@ -84,6 +85,25 @@ def _owner(value: object) -> str:
     if not isinstance(value, str) or not value:
         raise ValueError("owner_id must be a non-empty string")
     return value
+
+
+def _check_transition_arguments(expected_revision: object, event: object) -> None:
+    if not isinstance(expected_revision, int) or isinstance(expected_revision, bool):
+        raise TypeError("expected_revision must be an int")
+    if expected_revision < 0:
+        raise ValueError("expected_revision must be >= 0")
+    if not isinstance(event, Event):
+        raise TypeError("transition needs an Event")
+
+
+def _stamped(task: Task, now: int) -> Task:
+    """A new task stamped at ``now`` (anything else is left for ``create`` to refuse)."""
+    if not isinstance(task, Task) or task.created_at != task.last_updated_at:
+        return task
+    try:
+        return attrs.evolve(task, created_at=now, last_updated_at=now)
+    except (TypeError, ValueError) as exc:  # e.g. the TTL now ends past the last instant
+        raise InvalidTask(str(exc)) from exc
 
 
 def _copy_snapshot(snapshot: Snapshot) -> Snapshot:
@@ -204,6 +224,16 @@ class MemoryStore:
         now = await self._enter()
         owner_id, lease_ms = _owner(owner_id), _positive_ms(lease_ms, "lease_ms")
         return self._grant(self._insert(task, work, access, now), owner_id, lease_ms, now)
+
+    async def create_claimed_stamped(
+        self, task: Task, work: Work, access: Access, owner_id: str, lease_ms: int
+    ) -> Claimed:
+        """``create_claimed`` with ``createdAt``/``lastUpdatedAt`` read from the store's clock."""
+        now = await self._enter()
+        owner_id, lease_ms = _owner(owner_id), _positive_ms(lease_ms, "lease_ms")
+        return self._grant(
+            self._insert(_stamped(task, now), work, access, now), owner_id, lease_ms, now
+        )
 
     def _insert(self, task: Task, work: Work, access: Access, now: int) -> _Entry:
         if not isinstance(access, Access):
@@ -361,12 +391,7 @@ class MemoryStore:
         self, task_id: str, expected_revision: int, event: Event, authority: Authority
     ) -> Transition | Conflict | NotFound:
         now = await self._enter()
-        if not isinstance(expected_revision, int) or isinstance(expected_revision, bool):
-            raise TypeError("expected_revision must be an int")
-        if expected_revision < 0:
-            raise ValueError("expected_revision must be >= 0")
-        if not isinstance(event, Event):
-            raise TypeError("transition needs an Event")
+        _check_transition_arguments(expected_revision, event)
         entry = self._entries.get(task_id)
         if entry is None:
             return NOT_FOUND
@@ -380,19 +405,67 @@ class MemoryStore:
                 raise UnauthorizedAction(f"a worker lease cannot apply {event.kind.value}")
         else:
             raise TypeError("authority must be RequestAuthority or WorkerAuthority")
+        return self._apply(entry, expected_revision, event, now)
 
+    async def settle(
+        self, task_id: str, expected_revision: int, event: Event, lease: Lease
+    ) -> Transition | Conflict | NotFound:
+        """A worker's final event and the release of its claim in one atomic step."""
+        now = await self._enter()
+        _check_transition_arguments(expected_revision, event)
+        entry = self._entries.get(task_id)
+        if entry is None:
+            return NOT_FOUND
+        if event.kind not in SETTLE_KINDS:
+            raise UnauthorizedAction(f"settle cannot apply {event.kind.value}")
+        try:
+            self._check_lease(entry, lease, now)
+        except StaleLease:
+            replay = self._released_replay(entry, lease, event)
+            if replay is None:
+                raise
+            return replay
+        result = self._apply(entry, expected_revision, event, now)
+        if isinstance(result, Transition):
+            entry.claim = None
+            self._reschedule(entry, now)
+        return result
+
+    def _released_replay(self, entry: _Entry, lease: object, event: Event) -> Transition | None:
+        """The resend of a settle that committed and released (no later claim was made)."""
+        if (
+            not isinstance(lease, Lease)
+            or lease.store_id != self._id
+            or lease.task_id != entry.snapshot.task.id
+            or entry.claim is not None
+            or entry.generation != lease.generation
+        ):
+            return None
+        seen = entry.seen.get(event.id)
+        if seen is None or seen.event_json != canonical_json(event.to_json()):
+            return None
+        return self._duplicate(entry, seen)
+
+    @staticmethod
+    def _duplicate(entry: _Entry, seen: _Seen) -> Transition:
+        return Transition(
+            outcome="duplicate",
+            snapshot=_copy_snapshot(entry.snapshot),
+            effects=attrs.evolve(seen.effects),
+            event_revision=seen.event_revision,
+            committed_at=seen.committed_at,
+        )
+
+    def _apply(
+        self, entry: _Entry, expected_revision: int, event: Event, now: int
+    ) -> Transition | Conflict:
+        """Replay check, then the revision check, then the reducer (authority already checked)."""
         event_json = canonical_json(event.to_json())
         seen = entry.seen.get(event.id)
         if seen is not None:
             if seen.event_json != event_json:
                 raise EventIdReused(event.id)
-            return Transition(
-                outcome="duplicate",
-                snapshot=_copy_snapshot(entry.snapshot),
-                effects=attrs.evolve(seen.effects),
-                event_revision=seen.event_revision,
-                committed_at=seen.committed_at,
-            )
+            return self._duplicate(entry, seen)
         if entry.snapshot.revision != expected_revision:
             return Conflict(_copy_snapshot(entry.snapshot))
 

@@ -58,6 +58,8 @@ from tritask.tasks.store import (
     Store,
     Transition,
     WorkerAuthority,
+    settles,
+    stamps_creation,
 )
 from tritask.tasks.work import JSONObject, Work, ensure_json_object
 
@@ -114,6 +116,7 @@ class _Job:
     store_outcome: str = "not_settled"
     retry_delay_ms: int | None = None
     terminal: bool = False
+    released: bool = False
 
 
 @attrs.define(eq=False)
@@ -314,12 +317,24 @@ class Runner:
                 log.exception("task listener failed")
 
     async def _transition(
-        self, task_id: str, revision: int, event: Event, authority: Authority
+        self,
+        task_id: str,
+        revision: int,
+        event: Event,
+        authority: Authority,
+        *,
+        settle: bool = False,
     ) -> Transition | Conflict | NotFound:
+        """``store.transition``; with ``settle`` (a worker's final event on a store that
+        offers it) ``store.settle``, which also releases the claim when it answers a
+        ``Transition``."""
         started = trio.current_time()
         outcome = "error"
         try:
-            result = await self.store.transition(task_id, revision, event, authority)
+            if settle and settles(self.store) and isinstance(authority, WorkerAuthority):
+                result = await self.store.settle(task_id, revision, event, authority.lease)
+            else:
+                result = await self.store.transition(task_id, revision, event, authority)
             if isinstance(result, Transition):
                 outcome = result.outcome
                 if result.outcome == "applied":
@@ -342,21 +357,27 @@ class Runner:
                 },
             )
 
-    async def _commit_worker(self, job: _Job, event: Event) -> Transition | None:
+    async def _commit_worker(
+        self, job: _Job, event: Event, *, settle: bool = False
+    ) -> Transition | None:
         """Apply a worker event by compare-and-set, following conflicts with fresh revisions.
 
         A store failure (a busy database, a lost connection) is retried with the same event:
         its id makes the resend idempotent, so a commit whose acknowledgement was lost comes
         back as ``duplicate``. After ``settle_attempts`` the attempt gives up (``None``); the
-        claim then lapses and recovery runs the work again.
+        claim then lapses and recovery runs the work again. With ``settle`` and a store that
+        offers it, the final event also releases the claim in the same step (``job.released``).
         """
+        settle = settle and settles(self.store)
         revision = job.revision
         for _ in range(self.settle_attempts):
             try:
                 async with job.lease_lock:
                     result = await self._transition(
-                        job.task_id, revision, event, WorkerAuthority(job.lease)
+                        job.task_id, revision, event, WorkerAuthority(job.lease), settle=settle
                     )
+                    if settle and isinstance(result, Transition):
+                        job.released = True
             except StaleLease:
                 self._emit(
                     ins.FENCED_WRITE_REJECTED,
@@ -400,12 +421,21 @@ class Runner:
     # -- request operations --------------------------------------------------------------
 
     async def create_task(
-        self, task: Task, work: Work, access: Access, *, context: Context | None = None
+        self,
+        task: Task,
+        work: Work,
+        access: Access,
+        *,
+        context: Context | None = None,
+        stamp: bool = False,
     ) -> Snapshot:
         """Store the task and start it here: capacity check, create and claim, start.
 
         With a store that offers ``create_claimed`` the task is created already claimed, so
         no recovering runner can adopt it first; otherwise ``create`` is followed by ``claim``.
+        With ``stamp`` the task's ``createdAt``/``lastUpdatedAt`` (placeholders) become the
+        store's clock at creation: in the creating step itself on a store that offers
+        ``create_claimed_stamped``, else read with ``now()`` just before.
         """
         self._require_running()
         if len(self._jobs) >= self.max_jobs:
@@ -413,6 +443,15 @@ class Runner:
         if context is not None:
             self._contexts[task.id] = context
         try:
+            if stamp and stamps_creation(self.store):
+                claimed = await self.store.create_claimed_stamped(
+                    task, work, access, self.owner_id, self.lease_ms
+                )
+                await self._start(claimed, "request")
+                return claimed.snapshot
+            if stamp:
+                now = await self.store.now()
+                task = attrs.evolve(task, created_at=now, last_updated_at=now)
             if isinstance(self.store, CreatesClaimed):
                 claimed = await self.store.create_claimed(
                     task, work, access, self.owner_id, self.lease_ms
@@ -633,7 +672,7 @@ class Runner:
         else:
             event = Event.failed(outcome.error, outcome.message)
             job.outcome = "failed"
-        result = await self._commit_worker(job, event)
+        result = await self._commit_worker(job, event, settle=True)
         if result is None:
             job.store_outcome = "error"
             return
@@ -656,7 +695,9 @@ class Runner:
 
     async def _finish(self, job: _Job) -> None:
         retry = job.retry_delay_ms is not None and job.stop_reason is None
-        released = await self._release(job.lease, lock=job.lease_lock, retry=retry)
+        released: Literal["ok", "stale", "pending"] = "ok"
+        if not job.released:  # a settling store released it with the final event
+            released = await self._release(job.lease, lock=job.lease_lock, retry=retry)
         release_outcome = "ok" if released == "ok" else "error"
         for waiter in job.waiters.values():
             waiter.fail(StaleAttempt(job.task_id))
@@ -736,6 +777,8 @@ class Runner:
             await trio.sleep(self.heartbeat_ms / 1000)
             try:
                 async with job.lease_lock:
+                    if job.released:  # settled: the claim is gone, the attempt is ending
+                        return
                     job.lease = await self.store.renew(job.lease, self.lease_ms)
                     snapshot = await self.store.worker_snapshot(job.task_id, job.lease)
             except StaleLease:

@@ -24,7 +24,16 @@ from __future__ import annotations
 import enum
 from collections.abc import AsyncGenerator, Callable
 from types import TracebackType
-from typing import Any, Final, Literal, Protocol, Self, final, runtime_checkable
+from typing import (
+    Any,
+    Final,
+    Literal,
+    Protocol,
+    Self,
+    TypeGuard,
+    final,
+    runtime_checkable,
+)
 
 import attrs
 
@@ -36,6 +45,7 @@ from tritask.tasks.work import InvalidJSON, Work, canonical_json
 __all__ = [
     "NOT_FOUND",
     "REQUEST_KINDS",
+    "SETTLE_KINDS",
     "SHARED_SCOPE_KEY",
     "UNAVAILABLE",
     "WORKER_KINDS",
@@ -47,6 +57,7 @@ __all__ = [
     "Claimed",
     "Conflict",
     "CorruptStore",
+    "CreatesClaimed",
     "DatabaseBusy",
     "Deferred",
     "DuplicateInputKey",
@@ -58,7 +69,9 @@ __all__ = [
     "NotFound",
     "RequestAuthority",
     "Scope",
+    "Settles",
     "StaleLease",
+    "StampsCreation",
     "Store",
     "StoreError",
     "Transition",
@@ -68,6 +81,8 @@ __all__ = [
     "WorkerAuthority",
     "require_scope",
     "resolve_scope",
+    "settles",
+    "stamps_creation",
 ]
 
 
@@ -97,6 +112,8 @@ WORKER_KINDS: Final = frozenset(
         EventKind.FAILED,
     }
 )
+SETTLE_KINDS: Final = frozenset({EventKind.RETRY_REQUESTED, EventKind.COMPLETED, EventKind.FAILED})
+"""The worker events that end an attempt, the only ones :class:`Settles` accepts."""
 
 
 # -- errors -------------------------------------------------------------------------------------
@@ -318,6 +335,66 @@ class OffersWakeups(Protocol):
     """
 
     def wakeups(self) -> AsyncGenerator[Any, None]: ...
+
+
+@runtime_checkable
+class Settles(Protocol):
+    """A store that can apply an attempt's final worker event and release its claim atomically.
+
+    ``settle(task_id, expected_revision, event, lease)`` is
+    ``transition(task_id, expected_revision, event, WorkerAuthority(lease))`` followed, in the
+    same atomic step and only when that returns a :class:`Transition` (``applied``,
+    ``unchanged`` or ``duplicate``), by ``release(lease)``. A :class:`Conflict`, ``NOT_FOUND``
+    or an error changes nothing and keeps the claim. ``event.kind`` must be one of
+    :data:`SETTLE_KINDS` (``input_requested`` does not end an attempt): any other kind raises
+    :class:`UnauthorizedAction`. The runner uses it when offered, which saves the separate
+    ``release`` commit of every attempt.
+
+    A resend after a lost acknowledgement stays idempotent: when the claim is gone but no later
+    claim was made (the task's lease generation is still ``lease.generation``, in the same store
+    and boot epoch) and ``event.id`` is in the ledger with exactly this event, the answer is the
+    original commit's ``duplicate``, as a plain transition's would be; every other use of a
+    lease that is not the live claim raises :class:`StaleLease`.
+
+    Runners detect it on the store's *class* (:func:`settles`), not through ``__getattr__``
+    forwarding: a wrapper that overrides ``transition`` or ``release`` must not have them
+    bypassed by a combined operation it never saw; a wrapper offers ``settle`` by defining it.
+    """
+
+    async def settle(
+        self, task_id: str, expected_revision: int, event: Event, lease: Lease
+    ) -> Transition | Conflict | NotFound: ...
+
+
+@runtime_checkable
+class StampsCreation(Protocol):
+    """A store that stamps a new task with its own clock in the step that creates it.
+
+    ``create_claimed_stamped`` is ``create_claimed`` except that the stored task's
+    ``createdAt`` and ``lastUpdatedAt`` are the store clock's reading inside the creating step;
+    the given task's two (equal) instants are placeholders and are ignored, and its TTL counts
+    from the stamped instant. Callers then need no ``now()`` round trip before creating, and
+    ``createdAt`` is exactly the store's time of creation. Detected on the store's class
+    (:func:`stamps_creation`), for the reason given under :class:`Settles`.
+    """
+
+    async def create_claimed_stamped(
+        self, task: Task, work: Work, access: Access, owner_id: str, lease_ms: int
+    ) -> Claimed: ...
+
+
+def _class_offers(store: object, name: str) -> bool:
+    return callable(getattr(type(store), name, None))
+
+
+def settles(store: object) -> TypeGuard[Settles]:
+    """Whether ``store``'s class offers :class:`Settles`."""
+    return _class_offers(store, "settle")
+
+
+def stamps_creation(store: object) -> TypeGuard[StampsCreation]:
+    """Whether ``store``'s class offers :class:`StampsCreation`."""
+    return _class_offers(store, "create_claimed_stamped")
 
 
 # -- the protocol -------------------------------------------------------------------------------

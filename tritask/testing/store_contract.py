@@ -68,6 +68,8 @@ from tritask.tasks.store import (
     Unauthorized,
     UnauthorizedAction,
     WorkerAuthority,
+    settles,
+    stamps_creation,
 )
 from tritask.tasks.work import RetryPolicy, Work
 
@@ -980,3 +982,149 @@ class StoreContract:
                     LEASE_MS,
                 )
             assert await store.claim("task-3", "creator", LEASE_MS) is NOT_FOUND
+
+    # -- optional capability: settle -------------------------------------------------------------
+
+    async def test_settle_applies_the_final_event_and_releases_the_claim(self) -> None:
+        """``settle`` is a worker transition plus, in the same step, the release of the claim."""
+        async with self.store() as store:
+            if not settles(store):
+                pytest.skip("the store does not offer settle")
+            await self.create(store, "task-1", policy=RetryPolicy([2000]))
+            lease = await self.claimed(store, "task-1")
+            event = Event.retry_requested(ERROR, "again")
+            with pytest.raises(UnauthorizedAction):
+                await store.settle("task-1", 0, Event.input_requested("k", ASK), lease)
+            with pytest.raises(StaleLease):
+                await store.settle("task-1", 0, event, attrs.evolve(lease, token="forged"))
+            conflict = await store.settle("task-1", 1, event, lease)
+            assert isinstance(conflict, Conflict)
+            assert conflict.snapshot.revision == 0
+            assert await store.settle("unknown", 0, event, lease) is NOT_FOUND
+            # Refusals kept the claim: the lease still reads and nobody else can claim.
+            assert isinstance(await store.worker_snapshot("task-1", lease), Snapshot)
+            assert await store.claim("task-1", "owner-2", LEASE_MS) is UNAVAILABLE
+
+            settled = await store.settle("task-1", 0, event, lease)
+            assert isinstance(settled, Transition)
+            assert settled.outcome == "applied"
+            assert settled.event_revision == 1
+            assert settled.snapshot.retry_count == 1
+            retry_at = settled.snapshot.retry_at
+            assert retry_at == settled.committed_at + 2_000_000
+            assert settled.effects == Effects(
+                retry=RetryEffect(
+                    disposition="scheduled", retry_at=retry_at, delay_ms=2000, retry_count=1
+                )
+            )
+            # Released: the lease is no claim any more, and only the retry deadline holds the
+            # task back (the 30 s lease would otherwise have to expire first).
+            with pytest.raises(StaleLease):
+                await store.release(lease)
+            with pytest.raises(StaleLease):
+                await store.worker_snapshot("task-1", lease)
+
+            # A resend after a lost acknowledgement replays the original commit...
+            replay = await store.settle("task-1", 0, event, lease)
+            assert replay == attrs.evolve(settled, outcome="duplicate")
+            # ...but other content under the same id, or another event, is refused as stale.
+            reused = Event.retry_requested(ERROR, "other", id=event.id)
+            with pytest.raises(StaleLease):
+                await store.settle("task-1", 1, reused, lease)
+            with pytest.raises(StaleLease):
+                await store.settle("task-1", 1, Event.completed({"ok": True}), lease)
+
+            assert retry_at is not None
+            await self.advance(-(-(retry_at - await store.now()) // 1000))
+            again = await store.claim_next("owner-2", LEASE_MS)
+            assert again is not None
+            assert again.lease.generation == 2
+            # A later claim ends even the replay of the old lease.
+            with pytest.raises(StaleLease):
+                await store.settle("task-1", 0, event, lease)
+            done = await store.settle("task-1", 1, Event.completed({"ok": True}), again.lease)
+            assert isinstance(done, Transition)
+            assert done.outcome == "applied"
+            assert done.snapshot.task.status is TaskStatus.COMPLETED
+            with pytest.raises(StaleLease):
+                await store.release(again.lease)
+            assert await store.claim("task-1", "owner-3", LEASE_MS) is UNAVAILABLE
+
+    async def test_settle_releases_on_unchanged_and_duplicate(self) -> None:
+        async with self.store() as store:
+            if not settles(store):
+                pytest.skip("the store does not offer settle")
+            await self.create(store, "task-1")
+            lease = await self.claimed(store, "task-1")
+            await self.applied(
+                store,
+                "task-1",
+                0,
+                Event.cancelled(),
+                await self.request(store, A, Action.CANCEL, "task-1"),
+            )
+            late = await store.settle("task-1", 1, Event.completed({"ok": True}), lease)
+            assert isinstance(late, Transition)
+            assert late.outcome == "unchanged"
+            assert late.snapshot.task.status is TaskStatus.CANCELLED
+            with pytest.raises(StaleLease):
+                await store.release(lease)
+
+            # A final event committed by a plain transition, resent through settle: the
+            # duplicate releases the claim.
+            await self.create(store, "task-2")
+            lease = await self.claimed(store, "task-2")
+            event = Event.failed(ERROR, "broken")
+            first = await self.applied(store, "task-2", 0, event, WorkerAuthority(lease))
+            again = await store.settle("task-2", 0, event, lease)
+            assert again == attrs.evolve(first, outcome="duplicate")
+            with pytest.raises(StaleLease):
+                await store.release(lease)
+
+    # -- optional capability: create_claimed_stamped ---------------------------------------------
+
+    async def test_create_claimed_stamped_takes_created_at_from_the_store_clock(self) -> None:
+        async with self.store(max_tasks=2) as store:
+            if not stamps_creation(store):
+                pytest.skip("the store does not offer create_claimed_stamped")
+            await self.advance(5)
+            now = await store.now()
+            access = await store.authorize(A, Action.CREATE, "task-1")
+            placeholder = new_task("task-1", 0, 60_000, 5)
+            work = Work(idempotency_key="task-1", type="contract", input={"taskId": "task-1"})
+            claimed = await store.create_claimed_stamped(
+                placeholder, work, access, "creator", LEASE_MS
+            )
+            task = claimed.snapshot.task
+            assert (task.created_at, task.last_updated_at) == (now, now)
+            assert task.expires_at == now + 60_000_000
+            assert claimed.snapshot.revision == 0
+            assert claimed.lease.owner_id == "creator"
+            assert claimed.lease.generation == 1
+            assert claimed.lease.expires_at == now + LEASE_MS * 1000
+            assert await store.claim("task-1", "recoverer", LEASE_MS) is UNAVAILABLE
+            get = await store.authorize(A, Action.GET, "task-1")
+            assert await store.get("task-1", get) == claimed.snapshot
+            done = await self.applied(
+                store, "task-1", 0, Event.completed({"ok": True}), WorkerAuthority(claimed.lease)
+            )
+            assert done.committed_at == now + 1000  # one commit step after the stamp
+            again = await store.authorize(A, Action.CREATE, "task-1")
+            with pytest.raises(AlreadyExists):
+                await store.create_claimed_stamped(placeholder, work, again, "creator", LEASE_MS)
+            # Still only a new task is accepted (the instants must be equal).
+            second = await store.authorize(A, Action.CREATE, "task-2")
+            updated = attrs.evolve(new_task("task-2", START, None, None), last_updated_at=START + 1)
+            with pytest.raises(InvalidTask):
+                await store.create_claimed_stamped(
+                    updated,
+                    Work(idempotency_key="task-2", type="contract", input={}),
+                    second,
+                    "creator",
+                    LEASE_MS,
+                )
+            # The TTL counts from the stamp.
+            await self.advance(59_999)
+            assert await store.get("task-1", get) == done.snapshot
+            await self.advance(1)
+            assert await store.get("task-1", get) is NOT_FOUND
