@@ -18,13 +18,16 @@ How it works, and why:
   upgrade can never fail with ``SQLITE_BUSY`` outside ``busy_timeout``. Reads use deferred
   transactions so WAL readers in other processes proceed in parallel. ``SQLITE_BUSY`` after the
   timeout is :class:`~tritask.tasks.store.DatabaseBusy` (safe to retry).
-* **Stored time.** Production reads SQLite's clock (``'now'``, millisecond resolution) inside
-  the transaction, so every process sharing the file decides leases, ``retry_at`` and TTLs on
-  the same clock. ``clock=`` injects a clock for tests; it is called in the worker thread, inside
-  the transaction, so it must be thread-safe and must not need trio (``ManualClock`` does,
-  ``TrioClock`` does not). Commit times strictly increase per task:
-  ``committed_at = max(now, last_updated_at + 1 ms)`` as in the memory store (the clock has
-  millisecond resolution, so wire times keep their ``.mmmZ`` form).
+* **Stored time.** Production reads, inside the transaction, the clock SQLite's own ``'now'``
+  reads: the host's real-time clock truncated to the millisecond (``gettimeofday`` in SQLite's
+  POSIX VFS, ``time.time_ns()`` here, which saves a statement per transaction). A SQLite file
+  is only shared by processes of one host (WAL needs shared memory), so every process sharing
+  the file decides leases, ``retry_at`` and TTLs on the same clock. ``clock=`` injects a
+  clock for tests; it is called in the worker thread, inside the transaction, so it must be
+  thread-safe and must not need trio (``ManualClock`` does, ``TrioClock`` does not). Commit
+  times strictly increase per task: ``committed_at = max(now, last_updated_at + 1 ms)`` as in
+  the memory store (the clock has millisecond resolution, so wire times keep their ``.mmmZ``
+  form).
 * **Storage.** The aggregate is the v3 record JSON plus typed projection columns; every read
   decodes the record and checks the projections and the claim shape against it
   (:class:`~tritask.tasks.store.CorruptStore` on any mismatch, nothing is repaired). Every
@@ -50,6 +53,7 @@ import os
 import sqlite3
 import sys
 import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -115,15 +119,24 @@ _COMMIT_STEP_US = 1000
 _READ_ACTIONS = frozenset({Action.GET, Action.UPDATE, Action.CANCEL})
 _SYNCHRONOUS = ("NORMAL", "FULL", "EXTRA")
 _ACTIVE = "status IN ('working', 'input_required')"
-_NOW_SQL = (
-    "SELECT CAST(strftime('%s', 'now') AS INTEGER) * 1000000"
-    " + CAST(substr(strftime('%f', 'now'), 4) AS INTEGER) * 1000"
-)
 _COLUMNS = (
     "task_id, record_version, record, scope, revision, status, created_at_us, expires_at_us,"
     " retry_at_us, claim_owner, claim_token, lease_generation, claim_expires_at_us, claim_epoch"
 )
 _SELECT = f"SELECT {_COLUMNS} FROM tritask_tasks"
+_WRITE = (
+    "UPDATE tritask_tasks SET record_version = ?, record = ?, revision = ?, status = ?,"
+    " retry_at_us = ? WHERE task_id = ? AND revision = ?"
+)
+_WRITE_RELEASING = (
+    "UPDATE tritask_tasks SET record_version = ?, record = ?, revision = ?, status = ?,"
+    " retry_at_us = ?, claim_owner = NULL, claim_token = NULL, claim_expires_at_us = NULL,"
+    " claim_epoch = NULL WHERE task_id = ? AND revision = ?"
+)
+_SELECT_SEEN = (
+    f"SELECT {_COLUMNS}, EXISTS (SELECT 1 FROM tritask_task_events e"
+    " WHERE e.task_id = t.task_id AND e.event_id = ?) FROM tritask_tasks t WHERE t.task_id = ?"
+)
 _CLEAR_CLAIM = (
     "UPDATE tritask_tasks SET claim_owner = NULL, claim_token = NULL,"
     " claim_expires_at_us = NULL, claim_epoch = NULL WHERE task_id = ?"
@@ -197,6 +210,8 @@ class _Worker:
         self.wake = threading.Condition(self.mutex)
         self.queue: deque[_Op] = deque()
         self.running: _Op | None = None
+        self.done: list[tuple[_Op, outcome.Outcome[Any]]] = []
+        self.delivering = False
         self.stopping = False
         self.stopped = trio.Event()
         self.thread = threading.Thread(target=self._main, name="tritask-sqlite", daemon=True)
@@ -259,9 +274,24 @@ class _Worker:
                     self.token.run_sync_soon(self.stopped.set)
 
     def _deliver(self, op: _Op, result: outcome.Outcome[Any]) -> None:
+        """Hand a result to trio; results finished before trio got round to the previous
+        hand-over ride along with it (one wake-up of the trio loop, not one each)."""
+        with self.mutex:
+            self.done.append((op, result))
+            if self.delivering:
+                return
+            self.delivering = True
         with contextlib.suppress(trio.RunFinishedError):
-            # Resume the task with the outcome itself (the caller inspects it, then unwraps).
-            self.token.run_sync_soon(trio.lowlevel.reschedule, op.task, outcome.Value(result))
+            self.token.run_sync_soon(self._resume)
+
+    def _resume(self) -> None:
+        """In trio: resume every task whose operation has finished, in finishing order."""
+        with self.mutex:
+            done, self.done = self.done, []
+            self.delivering = False
+        for op, result in done:
+            # Resume with the outcome itself (the caller inspects it, then unwraps).
+            trio.lowlevel.reschedule(op.task, outcome.Value(result))
 
 
 def _dump(value: object) -> str:
@@ -269,10 +299,12 @@ def _dump(value: object) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
-def _new_record(task: Task, work: Work) -> JSONObject:
-    """The revision-0 record of a new task (:class:`InvalidTask` when it is not one)."""
+def _new_record(task: Task, work: Work) -> tuple[Snapshot, JSONObject]:
+    """The revision-0 record of a new task and its JSON (:class:`InvalidTask` when it is not
+    one)."""
     try:
-        return snapshot_to_json(initial_snapshot(task, work))
+        snapshot = initial_snapshot(task, work)
+        return snapshot, snapshot_to_json(snapshot)
     except (TypeError, ValueError) as exc:
         raise InvalidTask(str(exc)) from exc
 
@@ -294,6 +326,13 @@ def _scope_text(key: str) -> str:
 def _scope_key(text: object) -> str:
     if not isinstance(text, str):
         raise CorruptRecord("the scope column is not text")
+    return _scope_key_of(text)
+
+
+@functools.lru_cache(maxsize=1024)
+def _scope_key_of(text: str) -> str:
+    """The checked key of a scope text (cached: a pure function of the text; refusals raise
+    every time, they are not cached)."""
     envelope = json.loads(text)
     if (
         not isinstance(envelope, dict)
@@ -315,6 +354,13 @@ def _same(column: object, value: object) -> bool:
 def _expired(snapshot: Snapshot, now: int) -> bool:
     expires_at = snapshot.task.expires_at
     return expires_at is not None and now >= expires_at
+
+
+def _host_clock() -> int:
+    """The host's real-time clock in µs at millisecond resolution: exactly what SQLite's own
+    ``'now'`` reads on POSIX (``gettimeofday``, truncated to the millisecond), without a
+    statement per transaction."""
+    return time.time_ns() // 1_000_000 * 1000
 
 
 def _instant(now: object) -> int:
@@ -598,24 +644,31 @@ class SqliteStore:
             raise
         return result
 
-    def _read_clock(self, conn: sqlite3.Connection) -> int:
+    def _read_clock(self, conn: sqlite3.Connection | None = None) -> int:
         if self._clock is not None:
             return _instant(self._clock())
-        return _instant(conn.execute(_NOW_SQL).fetchone()[0])
+        return _host_clock()
 
     async def now(self) -> int:
         """The store's clock (µs): the database's, or the injected test clock."""
         self._ensure_open()
-        if self._clock is None:
-            return await self._call(self._read_clock)
         await trio.lowlevel.checkpoint()
-        return _instant(self._clock())
+        return self._read_clock()
 
     # -- rows ---------------------------------------------------------------------------------
 
     def _load(self, conn: sqlite3.Connection, task_id: str) -> _Row | None:
         raw = conn.execute(f"{_SELECT} WHERE task_id = ?", (task_id,)).fetchone()
         return None if raw is None else self._decode(raw)
+
+    def _load_seen(
+        self, conn: sqlite3.Connection, task_id: str, event_id: str
+    ) -> tuple[_Row | None, bool]:
+        """The row, and whether ``event_id`` is in its ledger, in one statement."""
+        raw = conn.execute(_SELECT_SEEN, (event_id, task_id)).fetchone()
+        if raw is None:
+            return None, False
+        return self._decode(raw[:-1]), bool(raw[-1])
 
     def _decode(self, raw: tuple[Any, ...]) -> _Row:
         """Decode a row and check every projection and the claim shape against the record."""
@@ -754,7 +807,11 @@ class SqliteStore:
 
     async def create(self, task: Task, work: Work, access: Access) -> Snapshot:
         insert = self._inserter(task, work, access)
-        return await self._transact(insert, write=True)
+
+        def body(conn: sqlite3.Connection, now: int) -> Snapshot:
+            return insert(conn, now)[0]
+
+        return await self._transact(body, write=True)
 
     async def create_claimed(
         self, task: Task, work: Work, access: Access, owner_id: str, lease_ms: int
@@ -772,20 +829,26 @@ class SqliteStore:
     async def _create_claimed(
         self, task: Task, work: Work, access: Access, owner_id: str, lease_ms: int, *, stamp: bool
     ) -> Claimed:
-        owner_id, lease_ms = _owner(owner_id), _positive_int(lease_ms, "lease_ms")
-        insert = self._inserter(task, work, access, stamp=stamp)
-        scope = access.scope
+        claim = (_owner(owner_id), _positive_int(lease_ms, "lease_ms"))
+        insert = self._inserter(task, work, access, stamp=stamp, claim=claim)
 
         def body(conn: sqlite3.Connection, now: int) -> Claimed:
-            # The row is exactly what was just inserted: no need to read it back.
-            row = _Row(insert(conn, now), scope, 0, None)
-            return self._grant(conn, row, owner_id, lease_ms, now)
+            snapshot, lease = insert(conn, now)
+            assert lease is not None
+            return Claimed(snapshot, lease)
 
         return await self._transact(body, write=True)
 
     def _inserter(
-        self, task: Task, work: Work, access: Access, *, stamp: bool = False
-    ) -> Callable[[sqlite3.Connection, int], Snapshot]:
+        self,
+        task: Task,
+        work: Work,
+        access: Access,
+        *,
+        stamp: bool = False,
+        claim: tuple[str, int] | None = None,
+    ) -> Callable[[sqlite3.Connection, int], tuple[Snapshot, Lease | None]]:
+        """The body inserting a new task (claimed at generation 1 with ``claim``)."""
         self._ensure_open()
         if not isinstance(access, Access):
             raise TypeError("create needs an Access from authorize()")
@@ -795,40 +858,71 @@ class SqliteStore:
             or access.task_id != getattr(task, "id", None)
         ):
             raise UnauthorizedAction("create needs a create access for this task from this store")
-        document = _new_record(task, work)
+        given = _new_record(task, work)  # refuse an invalid task before queueing anything
         scope = _scope_text(access.scope)
+        limited = self._max_tasks is not None or self._max_active is not None
 
-        def body(conn: sqlite3.Connection, now: int) -> Snapshot:
-            created = _stamped(task, now) if stamp else task
-            record = _new_record(created, work) if stamp else document
-            if conn.execute("SELECT 1 FROM tritask_tasks WHERE task_id = ?", (task.id,)).fetchone():
-                raise AlreadyExists(task.id)
-            if self._max_tasks is not None:
-                (count,) = conn.execute("SELECT count(*) FROM tritask_tasks").fetchone()
-                if count >= self._max_tasks:
-                    raise CapacityExceeded("max_tasks")
-            if self._max_active is not None:
-                (active,) = conn.execute(
-                    f"SELECT count(*) FROM tritask_tasks WHERE scope = ? AND {_ACTIVE}", (scope,)
-                ).fetchone()
-                if active >= self._max_active:
-                    raise CapacityExceeded("max_active_tasks_per_scope")
-            conn.execute(
-                "INSERT INTO tritask_tasks (task_id, record_version, record, scope, revision,"
-                " status, created_at_us, expires_at_us) VALUES (?, ?, ?, ?, 0, ?, ?, ?)",
-                (
-                    task.id,
-                    RECORD_VERSION,
-                    _dump(record),
-                    scope,
-                    task.status.value,
-                    created.created_at,
-                    created.expires_at,
-                ),
-            )
-            return snapshot_from_json(record)
+        def body(conn: sqlite3.Connection, now: int) -> tuple[Snapshot, Lease | None]:
+            new, record = _new_record(_stamped(task, now), work) if stamp else given
+            if limited:
+                self._check_capacity(conn, task.id, scope)
+            lease = None
+            if claim is not None:
+                owner_id, lease_ms = claim
+                lease = Lease(
+                    store_id=self._id,
+                    task_id=task.id,
+                    owner_id=owner_id,
+                    token=str(uuid.uuid4()),
+                    generation=1,
+                    expires_at=now + lease_ms * 1000,
+                    epoch=self._epoch,
+                )
+            try:
+                conn.execute(
+                    "INSERT INTO tritask_tasks (task_id, record_version, record, scope,"
+                    " revision, status, created_at_us, expires_at_us, claim_owner, claim_token,"
+                    " lease_generation, claim_expires_at_us, claim_epoch)"
+                    " VALUES (?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        task.id,
+                        RECORD_VERSION,
+                        _dump(record),
+                        scope,
+                        new.task.status.value,
+                        new.task.created_at,
+                        new.task.expires_at,
+                        *(
+                            (None, None, 0, None, None)
+                            if lease is None
+                            else (lease.owner_id, lease.token, 1, lease.expires_at, lease.epoch)
+                        ),
+                    ),
+                )
+            except sqlite3.IntegrityError as exc:
+                if exc.sqlite_errorcode == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY:
+                    raise AlreadyExists(task.id) from None
+                raise
+            # The store keeps nothing in memory, so the caller may have ``new`` itself (its
+            # task and work are the caller's own values, or fresh copies when stamped).
+            return new, lease
 
         return body
+
+    def _check_capacity(self, conn: sqlite3.Connection, task_id: str, scope: str) -> None:
+        """The limits, checked after the id (an existing id is ``AlreadyExists`` even when full)."""
+        if conn.execute("SELECT 1 FROM tritask_tasks WHERE task_id = ?", (task_id,)).fetchone():
+            raise AlreadyExists(task_id)
+        if self._max_tasks is not None:
+            (count,) = conn.execute("SELECT count(*) FROM tritask_tasks").fetchone()
+            if count >= self._max_tasks:
+                raise CapacityExceeded("max_tasks")
+        if self._max_active is not None:
+            (active,) = conn.execute(
+                f"SELECT count(*) FROM tritask_tasks WHERE scope = ? AND {_ACTIVE}", (scope,)
+            ).fetchone()
+            if active >= self._max_active:
+                raise CapacityExceeded("max_active_tasks_per_scope")
 
     async def get(self, task_id: str, access: Access) -> Snapshot | NotFound:
         self._ensure_open()
@@ -987,7 +1081,7 @@ class SqliteStore:
         event_json = canonical_json(event.to_json())
 
         def body(conn: sqlite3.Connection, now: int) -> Transition | Conflict | NotFound:
-            row = self._load(conn, task_id)
+            row, seen = self._load_seen(conn, task_id, event.id)
             if row is None:
                 return NOT_FOUND
             if isinstance(authority, RequestAuthority):
@@ -998,7 +1092,7 @@ class SqliteStore:
                 self._check_lease(row, authority.lease, now)
                 if event.kind not in WORKER_KINDS:
                     raise UnauthorizedAction(f"a worker lease cannot apply {event.kind.value}")
-            return self._apply(conn, row, expected_revision, event, event_json, now)
+            return self._apply(conn, row, expected_revision, event, event_json, now, seen=seen)
 
         return await self._transact(body, write=True)
 
@@ -1018,7 +1112,7 @@ class SqliteStore:
         event_json = canonical_json(event.to_json())
 
         def body(conn: sqlite3.Connection, now: int) -> Transition | Conflict | NotFound:
-            row = self._load(conn, task_id)
+            row, seen = self._load_seen(conn, task_id, event.id)
             if row is None:
                 return NOT_FOUND
             try:
@@ -1028,10 +1122,9 @@ class SqliteStore:
                 if replay is None:
                     raise
                 return replay
-            result = self._apply(conn, row, expected_revision, event, event_json, now)
-            if isinstance(result, Transition):
-                conn.execute(_CLEAR_CLAIM, (task_id,))
-            return result
+            return self._apply(
+                conn, row, expected_revision, event, event_json, now, seen=seen, release=True
+            )
 
         return await self._transact(body, write=True)
 
@@ -1047,10 +1140,7 @@ class SqliteStore:
             or row.generation != lease.generation
         ):
             return None
-        if not conn.execute(
-            "SELECT 1 FROM tritask_task_events WHERE task_id = ? AND event_id = ?",
-            (lease.task_id, event.id),
-        ).fetchone():
+        if not self._seen(conn, lease.task_id, event.id):
             return None
         original = next(e for e in self._ledger(conn, row) if e.event.id == event.id)
         if canonical_json(original.event.to_json()) != event_json:
@@ -1071,18 +1161,26 @@ class SqliteStore:
         event: Event,
         event_json: str,
         now: int,
+        *,
+        seen: bool | None = None,
+        release: bool = False,
     ) -> Transition | Conflict:
-        """Replay check, then the revision check, then the reducer and one atomic write."""
+        """Replay check, then the revision check, then the reducer and one atomic write.
+
+        ``seen`` is whether ``event.id`` is in the ledger, when the caller already read it
+        (``None``: look it up). With ``release`` a ``Transition`` also clears the claim, in
+        the same write when the event applies.
+        """
         snapshot = row.snapshot
         task_id = snapshot.task.id
-        seen = conn.execute(
-            "SELECT 1 FROM tritask_task_events WHERE task_id = ? AND event_id = ?",
-            (task_id, event.id),
-        ).fetchone()
-        if seen is not None:
+        if seen is None:
+            seen = self._seen(conn, task_id, event.id)
+        if seen:
             original = next(e for e in self._ledger(conn, row) if e.event.id == event.id)
             if canonical_json(original.event.to_json()) != event_json:
                 raise EventIdReused(event.id)
+            if release:
+                conn.execute(_CLEAR_CLAIM, (task_id,))
             return Transition(
                 outcome="duplicate",
                 snapshot=snapshot,
@@ -1095,6 +1193,8 @@ class SqliteStore:
         committed_at = max(now, snapshot.task.last_updated_at + _COMMIT_STEP_US)
         result = apply(snapshot, event, committed_at)
         if result.kind == "unchanged":
+            if release:
+                conn.execute(_CLEAR_CLAIM, (task_id,))
             return Transition(
                 outcome="unchanged",
                 snapshot=snapshot,
@@ -1103,14 +1203,11 @@ class SqliteStore:
                 committed_at=committed_at,
             )
         new = result.snapshot
-        document = snapshot_to_json(new)
-        effects = effects_to_json(result.effects)
         updated = conn.execute(
-            "UPDATE tritask_tasks SET record_version = ?, record = ?, revision = ?, status = ?,"
-            " retry_at_us = ? WHERE task_id = ? AND revision = ?",
+            _WRITE_RELEASING if release else _WRITE,
             (
                 RECORD_VERSION,
-                _dump(document),
+                _dump(snapshot_to_json(new)),
                 new.revision,
                 new.task.status.value,
                 new.retry_at,
@@ -1130,15 +1227,27 @@ class SqliteStore:
                 event.kind.value,
                 new.revision,
                 committed_at,
-                _dump(effects),
+                _dump(effects_to_json(result.effects)),
             ),
         )
+        # The reducer's values are this call's own (built from the row decoded in this
+        # transaction, copying the event's data): the caller may keep them, no re-decode.
         return Transition(
             outcome="applied",
-            snapshot=snapshot_from_json(document),
-            effects=effects_from_json(effects),
+            snapshot=new,
+            effects=result.effects,
             event_revision=new.revision,
             committed_at=committed_at,
+        )
+
+    @staticmethod
+    def _seen(conn: sqlite3.Connection, task_id: str, event_id: str) -> bool:
+        return (
+            conn.execute(
+                "SELECT 1 FROM tritask_task_events WHERE task_id = ? AND event_id = ?",
+                (task_id, event_id),
+            ).fetchone()
+            is not None
         )
 
     # -- expiry -------------------------------------------------------------------------------
