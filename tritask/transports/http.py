@@ -1,10 +1,17 @@
-"""Streamable HTTP (2026-07-28) as a plain ASGI application, plus a hypercorn runner.
+"""Streamable HTTP (2026-07-28) as a plain ASGI application, plus the servers that run it.
 
 One POST endpoint. A request is answered with JSON, or with an SSE stream scoped to that one
 request as soon as it has something to stream (progress, logs, a listen acknowledgement, or a
-keep-alive on a long call). Closing the response cancels the request: hypercorn's ``send()``
-does not raise after a disconnect, so a sibling task watches ``receive()`` for
-``http.disconnect`` and cancels the handler's scope.
+keep-alive on a long call). Closing the response cancels the request.
+
+How the disconnect and the keep-alives are noticed depends on the server. Under tritask's own
+server (:mod:`tritask.transports._h11server`, the default of :func:`serve_http`) the scope
+advertises the ``tritask.request_watch`` extension: the exchange hands the server its cancel
+scope and a keep-alive ``tick``, the server's reading task cancels the scope when the peer goes
+away and calls ``tick`` every ``keepalive_seconds``, and the handler runs without any task of
+its own. Under any other ASGI server (hypercorn, or mounted in another app) a sibling task
+watches ``receive()`` for ``http.disconnect`` and another sends the keep-alives, as ``send()``
+does not raise after a disconnect there.
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import attrs
 import trio
@@ -29,6 +36,8 @@ from tritask.jsonrpc import (
 from tritask.protocol.errors import HeaderMismatch, http_status_for
 from tritask.protocol.headers import HeaderView, check_protocol_version_present
 from tritask.server.app import App
+from tritask.transports._h11server import WATCH_EXTENSION, ServerConfig
+from tritask.transports._h11server import serve as serve_h11
 
 log = logging.getLogger("tritask.http")
 
@@ -71,6 +80,17 @@ class HttpOptions:
     authenticate: Authenticate | None = None
 
 
+def _header_view(pairs: Iterable[tuple[bytes, bytes]]) -> HeaderView:
+    """``HeaderView.from_pairs`` for ASGI's byte pairs, in one pass without intermediate lists."""
+    collected: dict[str, tuple[str, ...]] = {}
+    for raw_name, raw_value in pairs:
+        name = raw_name.decode("latin-1").lower()
+        value = raw_value.decode("latin-1")
+        seen = collected.get(name)
+        collected[name] = (value,) if seen is None else (*seen, value)
+    return HeaderView(collected)
+
+
 class HttpTransport:
     """The ASGI application serving one ``App`` over Streamable HTTP."""
 
@@ -78,6 +98,7 @@ class HttpTransport:
         self.app = app
         base = options or HttpOptions()
         self.options = attrs.evolve(base, **overrides) if overrides else base
+        self._allowed_hosts: tuple[tuple[str, ...] | None, frozenset[str]] = (None, frozenset())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope.get("type")
@@ -113,7 +134,11 @@ class HttpTransport:
         host = headers.get("host")
         if host is None:
             return False
-        return _host_only(host) in {h.lower() for h in allowed}
+        cached, lowered = self._allowed_hosts
+        if cached is not allowed:
+            lowered = frozenset(h.lower() for h in allowed)
+            self._allowed_hosts = (allowed, lowered)
+        return _host_only(host) in lowered
 
     def _origin_allowed(self, headers: HeaderView) -> bool:
         origin = headers.get("origin")
@@ -128,7 +153,7 @@ class HttpTransport:
         return _host_only(match.group(2)) in LOOPBACK_HOSTS
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = HeaderView.from_pairs(scope.get("headers") or [])
+        headers = _header_view(scope.get("headers") or ())
         path = scope.get("path", "")
         if path.rstrip("/") != self.options.path.rstrip("/"):
             await _plain(send, 404, b"Not Found")
@@ -179,7 +204,9 @@ class HttpTransport:
         if isinstance(message, Notification):
             await self._notification(message, headers, send)
             return
-        await _Exchange(self, send, receive, self.options.keepalive_seconds).run(
+        extensions = scope.get("extensions")
+        watched = extensions is not None and WATCH_EXTENSION in extensions
+        await _Exchange(self, send, receive, self.options.keepalive_seconds, watched).run(
             message, headers, principal
         )
 
@@ -263,17 +290,36 @@ def _status_of(response: dict[str, JSONValue]) -> int:
     return 200
 
 
+_KEEPALIVE_COMMENT: Final[Message] = {
+    "type": "http.response.body",
+    "body": b": keep-alive\n\n",
+    "more_body": True,
+}
+
+
 @attrs.define(eq=False)
 class _Exchange:
-    """One request/response exchange: JSON unless something needs streaming first."""
+    """One request/response exchange: JSON unless something needs streaming first.
+
+    Every write once something may write concurrently (an ``emit`` from the handler, a
+    keep-alive) goes through ``_lock``; it is created by the first such write, so a call
+    answered with plain JSON never builds one.
+    """
 
     transport: HttpTransport
     send: Send
     receive: Receive
     keepalive: float
+    watched: bool = False
+    """The server offers ``tritask.request_watch``: no watcher or keep-alive tasks needed."""
     _streaming: bool = False
     _closed: bool = False
-    _lock: trio.Lock = attrs.field(factory=trio.Lock)
+    _lock: trio.Lock | None = None
+
+    def _writer_lock(self) -> trio.Lock:
+        if self._lock is None:
+            self._lock = trio.Lock()
+        return self._lock
 
     async def _start_stream(self) -> None:
         if self._streaming:
@@ -292,23 +338,25 @@ class _Exchange:
         )
 
     async def emit(self, message: dict[str, JSONValue]) -> None:
-        async with self._lock:
+        async with self._writer_lock():
             if self._closed:
                 return
             await self._start_stream()
             data = b"event: message\ndata: " + dumps(message).encode("utf-8") + b"\n\n"
             await self.send({"type": "http.response.body", "body": data, "more_body": True})
 
+    async def _tick(self) -> None:
+        """One keep-alive comment (starting the stream if need be), unless already closed."""
+        async with self._writer_lock():
+            if self._closed:
+                return
+            await self._start_stream()
+            await self.send(dict(_KEEPALIVE_COMMENT))
+
     async def _keepalive(self) -> None:
-        while True:
+        while not self._closed:
             await trio.sleep(self.keepalive)
-            async with self._lock:
-                if self._closed:
-                    return
-                await self._start_stream()
-                await self.send(
-                    {"type": "http.response.body", "body": b": keep-alive\n\n", "more_body": True}
-                )
+            await self._tick()
 
     async def _watch_disconnect(self, scope: trio.CancelScope) -> None:
         while True:
@@ -318,24 +366,48 @@ class _Exchange:
                 scope.cancel()
                 return
 
-    async def run(self, request: Any, headers: HeaderView, principal: Any) -> None:
+    async def _handle(
+        self, request: Any, headers: HeaderView, principal: Any, scope: trio.CancelScope
+    ) -> dict[str, JSONValue] | None:
         response: dict[str, JSONValue] | None = None
-        async with trio.open_nursery() as nursery:
-            handler_scope = trio.CancelScope()
-            nursery.start_soon(self._watch_disconnect, handler_scope)
-            if self.keepalive > 0:
-                nursery.start_soon(self._keepalive)
-            with handler_scope:
-                response = await self.transport.app.dispatcher.handle_request(
-                    request,
-                    headers=headers,
-                    principal=principal,
-                    transport="http",
-                    emit=self.emit,
-                    cancel_scope=handler_scope,
-                )
-            nursery.cancel_scope.cancel()
+        with scope:
+            response = await self.transport.app.dispatcher.handle_request(
+                request,
+                headers=headers,
+                principal=principal,
+                transport="http",
+                emit=self.emit,
+                cancel_scope=scope,
+            )
+        return response
+
+    async def run(self, request: Any, headers: HeaderView, principal: Any) -> None:
+        handler_scope = trio.CancelScope()
+        if self.watched:
+            # The server cancels the scope when the peer goes away and calls _tick from its
+            # own reading task: the handler runs right here, with no task beside it.
+            await self.send(
+                {
+                    "type": WATCH_EXTENSION,
+                    "cancel_scope": handler_scope,
+                    "interval": self.keepalive,
+                    "tick": self._tick if self.keepalive > 0 else None,
+                }
+            )
+            response = await self._handle(request, headers, principal, handler_scope)
+        else:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._watch_disconnect, handler_scope)
+                if self.keepalive > 0:
+                    nursery.start_soon(self._keepalive)
+                response = await self._handle(request, headers, principal, handler_scope)
+                nursery.cancel_scope.cancel()
         if response is None or self._closed:
+            return
+        if self._lock is None:
+            # Nothing has written yet, and nothing can start writing once _closed is set.
+            self._closed = True
+            await _json(self.send, _status_of(response), response)
             return
         async with self._lock:
             self._closed = True
@@ -346,6 +418,9 @@ class _Exchange:
                 await _json(self.send, _status_of(response), response)
 
 
+Server = Literal["tritask", "hypercorn"]
+
+
 async def serve_http(
     app: App,
     host: str = "127.0.0.1",
@@ -353,9 +428,33 @@ async def serve_http(
     *,
     options: HttpOptions | None = None,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    server: Server = "tritask",
+    server_config: ServerConfig | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``app`` with hypercorn's trio worker; reports the bound URLs via ``task_status``."""
+    """Serve ``app`` over Streamable HTTP; reports the bound URLs via ``task_status``.
+
+    ``server="tritask"`` (the default) is the lean HTTP/1.1 server on trio and h11
+    (:mod:`tritask.transports._h11server`, tuned by ``server_config``); ``"hypercorn"`` runs
+    the same ASGI application on hypercorn's trio worker (for HTTP/2 or TLS, configure
+    hypercorn yourself with :class:`HttpTransport`). Both close idle keep-alive connections
+    after 75 s and give in-flight requests 5 s after ``shutdown_trigger`` returns.
+    """
+    transport = HttpTransport(app, options)
+    if server == "tritask":
+        await serve_h11(
+            transport,
+            host,
+            port,
+            config=server_config,
+            shutdown_trigger=shutdown_trigger,
+            task_status=task_status,
+        )
+        return
+    if server != "hypercorn":
+        raise ValueError(f"unknown HTTP server {server!r}: 'tritask' or 'hypercorn'")
+    if server_config is not None:
+        raise ValueError("server_config applies to the tritask server only")
     from hypercorn.config import Config
     from hypercorn.trio import serve
 
@@ -365,7 +464,6 @@ async def serve_http(
     config.errorlog = logging.getLogger("tritask.hypercorn")
     config.graceful_timeout = 5.0
     config.keep_alive_timeout = 75.0
-    transport = HttpTransport(app, options)
     await serve(
         transport,  # type: ignore[arg-type]
         config,

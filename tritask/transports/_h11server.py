@@ -1,0 +1,748 @@
+"""A lean HTTP/1.1 server for ASGI applications on trio, parsing with h11 (sans-IO).
+
+It implements only what tritask's Streamable HTTP application needs, and keeps the hot path
+short: per connection one task runs the requests one after the other (the ASGI application is
+called directly in it, no task per request) and one sibling reads the socket all the time, so
+that
+
+* pipelined requests are buffered in h11 and answered strictly in order;
+* EOF or a reset while a request is in flight becomes ``http.disconnect`` at once (and cancels
+  the cancel scope registered through the ``tritask.request_watch`` extension, see below);
+* idle keep-alive connections are closed after ``keep_alive_timeout``.
+
+ASGI subset: ``http`` scopes (``http.request`` with ``more_body``, ``http.disconnect`` when the
+peer goes away or once the response is complete, ``http.response.start`` and
+``http.response.body`` with ``more_body``) and, optionally, ``lifespan``. A response started and
+completed in one go (the start, then a single body message without ``more_body``) is sent with
+``Content-Length`` in one write; a streamed one is sent chunked. ``Expect: 100-continue`` is
+answered when the application asks for the body. Sending after the peer went away is a no-op
+(like hypercorn), never an exception.
+
+**The ``tritask.request_watch`` extension.** The scope advertises
+``scope["extensions"]["tritask.request_watch"] == {}``. An application may then send one
+message ``{"type": "tritask.request_watch", "cancel_scope": CancelScope, "interval": float,
+"tick": async callable | None}`` per request: the server cancels ``cancel_scope`` as soon as the
+peer is gone before the response is complete, and (when ``interval > 0`` and ``tick`` is given)
+awaits ``tick()`` from its reading task every ``interval`` seconds until the response is
+complete. This gives an application disconnect-cancellation and periodic keep-alives without a
+task of its own per request; under any other server it falls back to watching ``receive()``.
+
+Graceful shutdown: when ``shutdown_trigger`` returns, the listeners close, idle connections are
+closed, in-flight requests finish (their response says ``Connection: close``) and whatever is
+left after ``graceful_timeout`` is cancelled.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from email.utils import formatdate
+from http import HTTPStatus
+from typing import Any, Final
+from urllib.parse import unquote, urlsplit
+
+import attrs
+import h11
+import trio
+
+__all__ = ["WATCH_EXTENSION", "ServerConfig", "serve"]
+
+log = logging.getLogger("tritask.http.server")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+WATCH_EXTENSION: Final = "tritask.request_watch"
+_ASGI: Final = {"version": "3.0", "spec_version": "2.3"}
+_ACCEPT_CAPACITY_ERRNOS: Final = frozenset(
+    {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
+)
+_REASONS: Final[dict[int, bytes]] = {
+    status.value: status.phrase.encode("ascii") for status in HTTPStatus
+}
+_NO_BODY_STATUSES: Final = frozenset({204, 304})
+_FRAMING: Final = frozenset({b"content-length", b"transfer-encoding"})
+
+
+@attrs.frozen(kw_only=True)
+class ServerConfig:
+    """Limits and timeouts of the lean server."""
+
+    max_incomplete_event_size: int = 16 * 1024
+    """Largest request head (request line and headers) accepted; beyond it the answer is 431."""
+    keep_alive_timeout: float = 75.0
+    """An idle keep-alive connection (no request in flight) is closed after this many seconds."""
+    graceful_timeout: float = 5.0
+    """After a shutdown trigger, how long in-flight requests may take before they are cancelled."""
+    receive_size: int = 64 * 1024
+    drain_limit: int = 64 * 1024
+    """Request body bytes the application left unread that are read and discarded to keep the
+    connection alive; a larger remainder closes the connection instead."""
+    linger_seconds: float = 1.0
+    """On close, how long to read (and drop) what the peer still sends after our last response,
+    so that our response is not lost to a reset."""
+    lifespan: bool = True
+    """Run the ASGI lifespan protocol (an application that does not support it is tolerated)."""
+    backlog: int | None = None
+
+
+_date_cache: list[Any] = [0, b""]
+
+
+def _date_header() -> bytes:
+    now = int(time.time())
+    if _date_cache[0] != now:
+        _date_cache[0] = now
+        _date_cache[1] = formatdate(now, usegmt=True).encode("ascii")
+    value: bytes = _date_cache[1]
+    return value
+
+
+def _disconnect() -> Message:
+    return {"type": "http.disconnect"}
+
+
+class _Cycle:
+    """One request/response cycle on a connection: the ``receive`` and ``send`` it is given."""
+
+    __slots__ = (
+        "body_done",
+        "conn",
+        "declared_length",
+        "finished",
+        "head",
+        "headers_sent",
+        "interval",
+        "next_tick",
+        "pending",
+        "received",
+        "response_complete",
+        "response_started",
+        "tick",
+        "watch_scope",
+    )
+
+    def __init__(self, conn: _Connection, request: h11.Request) -> None:
+        self.conn = conn
+        self.head = request.method == b"HEAD"
+        self.declared_length: int | None = None
+        for name, value in request.headers:
+            if name == b"content-length":
+                self.declared_length = int(value)
+                break
+        self.received = 0
+        self.body_done = False
+        self.response_started = False
+        self.pending: tuple[int, list[tuple[bytes, bytes]]] | None = None
+        self.headers_sent = False
+        self.response_complete = False
+        self.finished = False
+        self.watch_scope: trio.CancelScope | None = None
+        self.tick: Callable[[], Awaitable[None]] | None = None
+        self.interval = 0.0
+        self.next_tick = math.inf
+
+    # -- receive -------------------------------------------------------------------------
+
+    async def receive(self) -> Message:
+        conn = self.conn
+        if self.body_done:
+            # Nothing more to read for the application: wait until the peer goes away or the
+            # response is complete (the reading task keeps buffering pipelined requests).
+            while not (conn.eof or self.response_complete or self.finished):
+                await conn.wakeup.park()
+            return _disconnect()
+        h = conn.h11
+        while True:
+            if self.finished:
+                return _disconnect()
+            try:
+                event = h.next_event()
+            except h11.RemoteProtocolError:
+                conn.broken()
+                return _disconnect()
+            if event is h11.NEED_DATA:
+                if conn.eof:
+                    return _disconnect()
+                if h.they_are_waiting_for_100_continue:
+                    await conn.write_with(self._continue)
+                conn.make_room()
+                await conn.wakeup.park()
+                continue
+            kind = type(event)
+            if kind is h11.Data:
+                return self._body(event)  # type: ignore[arg-type]
+            if kind is h11.EndOfMessage:
+                self.body_done = True
+                return {"type": "http.request", "body": b"", "more_body": False}
+            return _disconnect()
+
+    def _continue(self) -> bytes:
+        h = self.conn.h11
+        if not h.they_are_waiting_for_100_continue:
+            return b""
+        return h.send(h11.InformationalResponse(status_code=100, headers=[])) or b""
+
+    def _body(self, first: h11.Data) -> Message:
+        """The body bytes h11 has buffered, coalesced, and whether more are to come."""
+        h = self.conn.h11
+        chunks = [first.data]
+        more = True
+        while True:
+            try:
+                event = h.next_event()
+            except h11.RemoteProtocolError:
+                break  # reported by the next receive()
+            kind = type(event)
+            if kind is h11.Data:
+                chunks.append(event.data)  # type: ignore[union-attr]
+                continue
+            if kind is h11.EndOfMessage:
+                self.body_done = True
+                more = False
+            break
+        body = bytes(chunks[0]) if len(chunks) == 1 else b"".join(chunks)
+        self.received += len(body)
+        return {"type": "http.request", "body": body, "more_body": more}
+
+    # -- send ----------------------------------------------------------------------------
+
+    async def send(self, message: Message) -> None:
+        kind = message["type"]
+        if kind == "http.response.body":
+            if self.pending is None:
+                raise RuntimeError("http.response.body before http.response.start")
+            if self.response_complete:
+                raise RuntimeError("http.response.body after the response was complete")
+            body = message.get("body", b"")
+            more = bool(message.get("more_body", False))
+            if not more:
+                self._complete()
+            if self.conn.eof:
+                return
+            await self.conn.write_with(lambda: self._serialize(body, more))
+            if not more:
+                self.conn.wakeup.unpark_all()
+        elif kind == "http.response.start":
+            if self.response_started:
+                raise RuntimeError("http.response.start sent twice")
+            self.response_started = True
+            headers = [(bytes(name), bytes(value)) for name, value in message.get("headers", ())]
+            self.pending = (int(message["status"]), headers)
+        elif kind == WATCH_EXTENSION:
+            self._watch(message)
+        else:
+            raise RuntimeError(f"unexpected ASGI message {kind!r}")
+
+    def _serialize(self, body: bytes, more: bool) -> bytes:
+        h = self.conn.h11
+        parts: list[bytes] = []
+        if not self.headers_sent:
+            self.headers_sent = True
+            assert self.pending is not None
+            status, headers = self.pending
+            length = None if more else len(body)
+            parts.append(h.send(self._response(status, headers, length)) or b"")
+        if body and not self.head:
+            parts.append(h.send(h11.Data(data=body)) or b"")
+        if not more:
+            parts.append(h.send(h11.EndOfMessage()) or b"")
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _response(
+        self, status: int, headers: list[tuple[bytes, bytes]], length: int | None
+    ) -> h11.Response:
+        conn = self.conn
+        if (
+            length is not None
+            and status not in _NO_BODY_STATUSES
+            and not any(name.lower() in _FRAMING for name, _ in headers)
+        ):
+            headers.append((b"content-length", b"%d" % length))
+        headers.append((b"date", _date_header()))
+        if conn.closing or self._close_early():
+            headers.append((b"connection", b"close"))
+        return h11.Response(status_code=status, headers=headers, reason=_REASONS.get(status, b""))
+
+    def _close_early(self) -> bool:
+        """Answering before the request body was read: close unless the rest is cheap to drop."""
+        h = self.conn.h11
+        if h.their_state is not h11.SEND_BODY:
+            return False
+        if h.they_are_waiting_for_100_continue:
+            return True
+        declared = self.declared_length
+        return declared is not None and declared - self.received > self.conn.config.drain_limit
+
+    def _complete(self) -> None:
+        self.response_complete = True
+        self.watch_scope = None
+        self.tick = None
+
+    # -- the watch extension -------------------------------------------------------------
+
+    def _watch(self, message: Message) -> None:
+        if self.response_complete:
+            return
+        scope = message.get("cancel_scope")
+        if scope is not None and not isinstance(scope, trio.CancelScope):
+            raise TypeError("tritask.request_watch: cancel_scope must be a trio.CancelScope")
+        self.watch_scope = scope
+        if self.conn.eof:
+            if scope is not None:
+                scope.cancel()
+            return
+        tick = message.get("tick")
+        interval = float(message.get("interval") or 0.0)
+        if tick is None or interval <= 0:
+            self.tick = None
+            return
+        self.tick = tick
+        self.interval = interval
+        self.next_tick = trio.current_time() + interval
+        self.conn.wake_reader_by(self.next_tick)
+
+    async def run_tick(self) -> None:
+        tick = self.tick
+        if tick is None or self.response_complete:
+            return
+        try:
+            await tick()
+        except Exception:
+            log.exception("tritask.request_watch tick failed; no more ticks for this request")
+            self.tick = None
+            return
+        self.next_tick = trio.current_time() + self.interval
+
+    def peer_gone(self) -> None:
+        if not self.response_complete and self.watch_scope is not None:
+            self.watch_scope.cancel()
+
+
+class _Connection:
+    """One accepted socket: a request loop (this task) and a reading task beside it."""
+
+    def __init__(self, server: _Server, stream: trio.SocketStream) -> None:
+        self.server = server
+        self.app = server.app
+        self.config = config = server.config
+        self.stream = stream
+        self.h11 = h11.Connection(
+            h11.SERVER, max_incomplete_event_size=config.max_incomplete_event_size
+        )
+        self.wakeup = trio.lowlevel.ParkingLot()
+        """Parked: whoever waits for received data or a state change (EOF, completion...)."""
+        self._resume = trio.lowlevel.ParkingLot()
+        self._write_lock = trio.StrictFIFOLock()
+        self._buffered = 0
+        self._buffer_limit = config.max_incomplete_event_size + config.receive_size
+        self.eof = False
+        self.closing = False
+        self._idle_expired = False
+        self._idle_since = trio.current_time()
+        self._read_scope: trio.CancelScope | None = None
+        self.cycle: _Cycle | None = None
+        self._client = _address(stream.socket.getpeername())
+        self._server = _address(stream.socket.getsockname())
+
+    # -- the reading task ----------------------------------------------------------------
+
+    def _next_deadline(self) -> float:
+        now = trio.current_time()
+        cycle = self.cycle
+        timeout = self.config.keep_alive_timeout
+        deadline = self._idle_since + timeout if cycle is None else now + timeout
+        if cycle is not None and cycle.tick is not None:
+            deadline = min(deadline, cycle.next_tick)
+        return deadline
+
+    def wake_reader_by(self, deadline: float) -> None:
+        scope = self._read_scope
+        if scope is not None and deadline < scope.deadline:
+            scope.deadline = deadline
+
+    async def _read_loop(self) -> None:
+        stream = self.stream
+        h = self.h11
+        size = self.config.receive_size
+        while True:
+            # One cancel scope for many reads: its deadline is the next timer (idle timeout or
+            # tick); it may fire early, then the timers are checked and it is armed again.
+            with trio.CancelScope(deadline=self._next_deadline()) as scope:
+                self._read_scope = scope
+                while True:
+                    if self._buffered > self._buffer_limit:
+                        await self._resume.park()
+                        continue
+                    try:
+                        data = await stream.receive_some(size)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        data = b""
+                    if not data:
+                        self._read_scope = None
+                        h.receive_data(b"")
+                        self.peer_gone()
+                        return
+                    h.receive_data(data)
+                    self._buffered += len(data)
+                    self.wakeup.unpark_all()
+            self._read_scope = None
+            if not await self._on_timer():
+                return
+
+    async def _on_timer(self) -> bool:
+        """A timer fired: run a due tick; ``False`` once the idle timeout closed the line."""
+        cycle = self.cycle
+        if cycle is not None:
+            if cycle.tick is not None and trio.current_time() >= cycle.next_tick:
+                await cycle.run_tick()
+            return True
+        if trio.current_time() >= self._idle_since + self.config.keep_alive_timeout:
+            self._idle_expired = True
+            self.wakeup.unpark_all()
+            return False
+        return True
+
+    def make_room(self) -> None:
+        """h11 needs more data: everything buffered so far has been parsed."""
+        self._buffered = 0
+        self._resume.unpark_all()
+
+    def peer_gone(self) -> None:
+        if self.eof:
+            return
+        self.eof = True
+        if self.cycle is not None:
+            self.cycle.peer_gone()
+        self.wakeup.unpark_all()
+
+    def broken(self) -> None:
+        """The request cannot be read any further (a protocol error in its body)."""
+        self.peer_gone()
+
+    # -- writing -------------------------------------------------------------------------
+
+    async def write_with(self, serialize: Callable[[], bytes]) -> None:
+        """Serialize (h11 state changes) and write under one lock, so writes keep their order."""
+        lock = self._write_lock
+        try:
+            lock.acquire_nowait()
+        except trio.WouldBlock:
+            await lock.acquire()
+        try:
+            data = serialize()
+            if data and not self.eof:
+                await self.stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.peer_gone()
+        finally:
+            lock.release()
+
+    # -- the request loop ----------------------------------------------------------------
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._read_loop)
+            try:
+                await self._requests()
+            finally:
+                nursery.cancel_scope.cancel()
+        await self._close()
+
+    async def _requests(self) -> None:
+        h = self.h11
+        while True:
+            if self.closing or self._idle_expired:
+                return
+            try:
+                event = h.next_event()
+            except h11.RemoteProtocolError as error:
+                await self._refuse(error.error_status_hint)
+                return
+            if event is h11.NEED_DATA:
+                if self.eof:
+                    return
+                self.make_room()
+                await self.wakeup.park()
+                continue
+            if type(event) is h11.Request:
+                if not await self._cycle(event):
+                    return
+                continue
+            return  # ConnectionClosed
+
+    def _scope(self, request: h11.Request) -> Scope:
+        target = bytes(request.target)
+        if not target.startswith(b"/") and b"://" in target:  # absolute-form
+            split = urlsplit(target)
+            target = (split.path or b"/") + (b"?" + split.query if split.query else b"")
+        raw_path, _, query = target.partition(b"?")
+        return {
+            "type": "http",
+            "asgi": dict(_ASGI),
+            "http_version": request.http_version.decode("ascii"),
+            "method": request.method.decode("ascii"),
+            "scheme": "http",
+            "path": unquote(raw_path.decode("latin-1")),
+            "raw_path": raw_path,
+            "query_string": query,
+            "root_path": "",
+            "headers": list(request.headers),
+            "client": self._client,
+            "server": self._server,
+            "extensions": {WATCH_EXTENSION: {}},
+        }
+
+    async def _cycle(self, request: h11.Request) -> bool:
+        """Serve one request; ``True`` when the connection can carry the next one."""
+        cycle = _Cycle(self, request)
+        self.cycle = cycle
+        try:
+            await self.app(self._scope(request), cycle.receive, cycle.send)
+        except Exception:
+            log.exception("ASGI application failed on %s %r", request.method, request.target)
+        finally:
+            cycle.finished = True
+            self.cycle = None
+            self._idle_since = trio.current_time()
+            self.wakeup.unpark_all()
+        if not cycle.response_started and not self.eof:
+            await cycle.send(
+                {
+                    "type": "http.response.start",
+                    "status": 500,
+                    "headers": [(b"content-type", b"text/plain; charset=utf-8")],
+                }
+            )
+            await cycle.send({"type": "http.response.body", "body": b"Internal Server Error"})
+        if self.eof or not cycle.response_complete:
+            return False
+        h = self.h11
+        if h.their_state is h11.SEND_BODY and not await self._discard_body():
+            return False
+        if h.our_state is not h11.DONE or h.their_state is not h11.DONE or self.closing:
+            return False
+        h.start_next_cycle()
+        return True
+
+    async def _discard_body(self) -> bool:
+        """Read and drop a request body the application left unread (within the limits)."""
+        h = self.h11
+        budget = self.config.drain_limit
+        with trio.move_on_after(self.config.linger_seconds):
+            while not self.eof:
+                try:
+                    event = h.next_event()
+                except h11.RemoteProtocolError:
+                    return False
+                if event is h11.NEED_DATA:
+                    if h.they_are_waiting_for_100_continue:
+                        return False
+                    self.make_room()
+                    await self.wakeup.park()
+                    continue
+                if type(event) is h11.Data:
+                    budget -= len(event.data)
+                    if budget < 0:
+                        return False
+                    continue
+                return type(event) is h11.EndOfMessage
+        return False
+
+    async def _refuse(self, status: int) -> None:
+        """Answer a request h11 could not parse (400, 431...) and close."""
+        h = self.h11
+        if h.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+            return
+        reason = _REASONS.get(status, b"")
+        body = b"%d %s\n" % (status, reason)
+        headers = [
+            (b"content-type", b"text/plain; charset=utf-8"),
+            (b"content-length", b"%d" % len(body)),
+            (b"date", _date_header()),
+            (b"connection", b"close"),
+        ]
+
+        def serialize() -> bytes:
+            try:
+                return b"".join(
+                    [
+                        h.send(h11.Response(status_code=status, headers=headers, reason=reason))
+                        or b"",
+                        h.send(h11.Data(data=body)) or b"",
+                        h.send(h11.EndOfMessage()) or b"",
+                    ]
+                )
+            except h11.LocalProtocolError:
+                return b""
+
+        await self.write_with(serialize)
+
+    async def _close(self) -> None:
+        """Half-close, let the peer read our last response, then close."""
+        stream = self.stream
+        h = self.h11
+        # Closing with unread input makes the kernel send a reset, which can destroy our last
+        # response before the peer reads it: drain first when the peer may still be sending.
+        if not self.eof and (h.their_state in (h11.SEND_BODY, h11.ERROR) or h.trailing_data[0]):
+            try:
+                await stream.send_eof()
+                budget = self.config.drain_limit
+                with trio.move_on_after(self.config.linger_seconds):
+                    while budget > 0:
+                        data = await stream.receive_some(self.config.receive_size)
+                        if not data:
+                            break
+                        budget -= len(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+        await stream.aclose()
+
+
+def _address(value: Any) -> tuple[str, int] | None:
+    if isinstance(value, tuple) and len(value) >= 2:
+        return (str(value[0]), int(value[1]))
+    return None
+
+
+class _Server:
+    def __init__(self, app: ASGIApp, config: ServerConfig) -> None:
+        self.app = app
+        self.config = config
+        self.connections: set[_Connection] = set()
+
+    async def accept(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as error:
+                if error.errno not in _ACCEPT_CAPACITY_ERRNOS:
+                    raise
+                log.error("accept failed (%s); retrying in 100 ms", errno.errorcode[error.errno])
+                await trio.sleep(0.1)
+                continue
+            nursery.start_soon(self.connection, stream)
+
+    async def connection(self, stream: trio.SocketStream) -> None:
+        try:
+            conn = _Connection(self, stream)
+        except OSError:  # the peer went away before we looked at it
+            await trio.aclose_forcefully(stream)
+            return
+        self.connections.add(conn)
+        try:
+            await conn.run()
+        except Exception:
+            log.exception("HTTP connection failed")
+        finally:
+            self.connections.discard(conn)
+            await trio.aclose_forcefully(stream)
+
+    def begin_shutdown(self) -> None:
+        for conn in self.connections:
+            conn.closing = True
+            conn.wakeup.unpark_all()
+
+
+@attrs.define(eq=False)
+class _Lifespan:
+    app: ASGIApp
+    _startup: trio.Event = attrs.field(factory=trio.Event)
+    _shutdown: trio.Event = attrs.field(factory=trio.Event)
+    _shutdown_done: trio.Event = attrs.field(factory=trio.Event)
+    _failure: str | None = None
+    _phase: str = "startup"
+
+    async def run(self) -> None:
+        scope: Scope = {"type": "lifespan", "asgi": dict(_ASGI), "state": {}}
+        try:
+            await self.app(scope, self._receive, self._send)
+        except Exception:
+            if not self._startup.is_set():
+                log.debug("the ASGI application does not support lifespan", exc_info=True)
+            else:
+                log.exception("ASGI lifespan failed")
+        finally:
+            self._startup.set()
+            self._shutdown_done.set()
+
+    async def start(self, nursery: trio.Nursery) -> None:
+        nursery.start_soon(self.run)
+        await self._startup.wait()
+        if self._failure is not None:
+            raise RuntimeError(f"ASGI lifespan startup failed: {self._failure}")
+
+    async def stop(self) -> None:
+        self._shutdown.set()
+        await self._shutdown_done.wait()
+
+    async def _receive(self) -> Message:
+        if self._phase == "startup":
+            self._phase = "running"
+            return {"type": "lifespan.startup"}
+        await self._shutdown.wait()
+        return {"type": "lifespan.shutdown"}
+
+    async def _send(self, message: Message) -> None:
+        kind = message["type"]
+        if kind in ("lifespan.startup.complete", "lifespan.startup.failed"):
+            if kind == "lifespan.startup.failed":
+                self._failure = str(message.get("message", ""))
+            self._startup.set()
+        elif kind in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
+            self._shutdown_done.set()
+
+
+def _url(listener: trio.SocketListener) -> str:
+    host, port = listener.socket.getsockname()[:2]
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+async def serve(
+    app: ASGIApp,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    config: ServerConfig | None = None,
+    shutdown_trigger: Callable[[], Awaitable[Any]] | None = None,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``app`` on ``host:port`` until cancelled or until ``shutdown_trigger`` returns.
+
+    The bound URLs (``http://host:port``) are reported through ``task_status``.
+    """
+    config = config or ServerConfig()
+    server = _Server(app, config)
+    listeners = await trio.open_tcp_listeners(port, host=host, backlog=config.backlog)
+    try:
+        async with trio.open_nursery() as outer:
+            lifespan = _Lifespan(app) if config.lifespan else None
+            if lifespan is not None:
+                await lifespan.start(outer)
+            async with trio.open_nursery() as connections:
+                async with trio.open_nursery() as accepting:
+                    for listener in listeners:
+                        accepting.start_soon(server.accept, listener, connections)
+                    task_status.started([_url(listener) for listener in listeners])
+                    if shutdown_trigger is not None:
+                        await shutdown_trigger()
+                        accepting.cancel_scope.cancel()
+                for listener in listeners:
+                    await listener.aclose()
+                server.begin_shutdown()
+                connections.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
+            if lifespan is not None:
+                with trio.move_on_after(config.graceful_timeout):
+                    await lifespan.stop()
+            outer.cancel_scope.cancel()
+    finally:
+        for listener in listeners:
+            await trio.aclose_forcefully(listener)
