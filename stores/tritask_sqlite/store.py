@@ -64,7 +64,7 @@ import attrs
 import outcome
 import trio
 
-from tritask.tasks._time import Clock
+from tritask.tasks._time import MAX_INSTANT, Clock, format_instant
 from tritask.tasks.events import Effects, Event, effects_from_json, effects_to_json
 from tritask.tasks.model import (
     CorruptRecord,
@@ -180,6 +180,16 @@ class _Row:
     scope: str
     generation: int
     claim: Lease | None
+
+
+@attrs.frozen
+class _Insert:
+    """A prepared insertion: ``body`` (returns the creation instant and the claim, if any),
+    whether it is a single statement, and the snapshot for a creation instant."""
+
+    body: Callable[[sqlite3.Connection, int], tuple[int, Lease | None]]
+    single: bool
+    snapshot: Callable[[int], Snapshot]
 
 
 @attrs.define(eq=False)
@@ -309,14 +319,11 @@ def _new_record(task: Task, work: Work) -> tuple[Snapshot, JSONObject]:
         raise InvalidTask(str(exc)) from exc
 
 
-def _stamped(task: Task, now: int) -> Task:
-    """A new task stamped at ``now`` (anything else is left for ``_new_record`` to refuse)."""
-    if not isinstance(task, Task) or task.created_at != task.last_updated_at:
-        return task
-    try:
-        return attrs.evolve(task, created_at=now, last_updated_at=now)
-    except (TypeError, ValueError) as exc:  # e.g. the TTL now ends past the last instant
-        raise InvalidTask(str(exc)) from exc
+def _event_texts(event: Event) -> tuple[str, str]:
+    """An event's canonical JSON (what replays compare) and its stored text, computed before
+    the operation is queued."""
+    document = event.to_json()
+    return canonical_json(document), _dump(document)
 
 
 def _scope_text(key: str) -> str:
@@ -622,15 +629,28 @@ class SqliteStore:
             await trio.lowlevel.checkpoint()  # raises the caller's Cancelled
         return result.unwrap()
 
-    async def _transact(self, body: Callable[[sqlite3.Connection, int], T], *, write: bool) -> T:
-        return await self._call(functools.partial(self._transaction, body, write))
+    async def _transact(
+        self, body: Callable[[sqlite3.Connection, int], T], *, write: bool, single: bool = False
+    ) -> T:
+        return await self._call(functools.partial(self._transaction, body, write, single))
 
     def _transaction(
-        self, body: Callable[[sqlite3.Connection, int], T], write: bool, conn: sqlite3.Connection
+        self,
+        body: Callable[[sqlite3.Connection, int], T],
+        write: bool,
+        single: bool,
+        conn: sqlite3.Connection,
     ) -> T:
-        """One transaction in the worker thread: ``body(conn, now)``, then COMMIT or ROLLBACK."""
+        """One transaction in the worker thread: ``body(conn, now)``, then COMMIT or ROLLBACK.
+
+        With ``single`` the body runs exactly one statement, which SQLite runs as its own
+        transaction (autocommit: atomic, and durable before it returns, like any COMMIT);
+        this saves the ``BEGIN``/``COMMIT`` round trips of a blind write.
+        """
         try:
             schema.rollback(conn)  # never build on what an earlier failure left behind
+            if single:
+                return body(conn, self._read_clock(conn))
             conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             try:
                 result = body(conn, self._read_clock(conn))
@@ -807,11 +827,8 @@ class SqliteStore:
 
     async def create(self, task: Task, work: Work, access: Access) -> Snapshot:
         insert = self._inserter(task, work, access)
-
-        def body(conn: sqlite3.Connection, now: int) -> Snapshot:
-            return insert(conn, now)[0]
-
-        return await self._transact(body, write=True)
+        created_at, _ = await self._transact(insert.body, write=True, single=insert.single)
+        return insert.snapshot(created_at)
 
     async def create_claimed(
         self, task: Task, work: Work, access: Access, owner_id: str, lease_ms: int
@@ -831,13 +848,9 @@ class SqliteStore:
     ) -> Claimed:
         claim = (_owner(owner_id), _positive_int(lease_ms, "lease_ms"))
         insert = self._inserter(task, work, access, stamp=stamp, claim=claim)
-
-        def body(conn: sqlite3.Connection, now: int) -> Claimed:
-            snapshot, lease = insert(conn, now)
-            assert lease is not None
-            return Claimed(snapshot, lease)
-
-        return await self._transact(body, write=True)
+        created_at, lease = await self._transact(insert.body, write=True, single=insert.single)
+        assert lease is not None
+        return Claimed(insert.snapshot(created_at), lease)
 
     def _inserter(
         self,
@@ -847,8 +860,14 @@ class SqliteStore:
         *,
         stamp: bool = False,
         claim: tuple[str, int] | None = None,
-    ) -> Callable[[sqlite3.Connection, int], tuple[Snapshot, Lease | None]]:
-        """The body inserting a new task (claimed at generation 1 with ``claim``)."""
+    ) -> _Insert:
+        """The insertion of a new task (claimed at generation 1 with ``claim``).
+
+        Everything but the stamp is prepared here, outside the worker thread: the record, its
+        JSON and the row. With ``stamp`` the body only writes ``now`` into the two instants of
+        the prepared JSON and the row; the returned task is stamped the same way, afterwards.
+        Without limits to check first it is a single statement (``single``).
+        """
         self._ensure_open()
         if not isinstance(access, Access):
             raise TypeError("create needs an Access from authorize()")
@@ -858,12 +877,27 @@ class SqliteStore:
             or access.task_id != getattr(task, "id", None)
         ):
             raise UnauthorizedAction("create needs a create access for this task from this store")
-        given = _new_record(task, work)  # refuse an invalid task before queueing anything
+        snapshot, document = _new_record(task, work)  # refuses an invalid task
         scope = _scope_text(access.scope)
         limited = self._max_tasks is not None or self._max_active is not None
+        ttl_us = None if task.ttl_ms is None else task.ttl_ms * 1000
+        record = _dump(document)
+        record_task = document["task"]
+        assert isinstance(record_task, dict)
 
-        def body(conn: sqlite3.Connection, now: int) -> tuple[Snapshot, Lease | None]:
-            new, record = _new_record(_stamped(task, now), work) if stamp else given
+        def body(conn: sqlite3.Connection, now: int) -> tuple[int, Lease | None]:
+            created_at, text = task.created_at, record
+            if stamp:
+                if not 0 <= now <= MAX_INSTANT:
+                    raise InvalidTask("the store clock is outside the instants a task can hold")
+                created_at = now
+                instant = format_instant(now)
+                text = _dump(
+                    {
+                        **document,
+                        "task": {**record_task, "createdAt": instant, "lastUpdatedAt": instant},
+                    }
+                )
             if limited:
                 self._check_capacity(conn, task.id, scope)
             lease = None
@@ -887,11 +921,11 @@ class SqliteStore:
                     (
                         task.id,
                         RECORD_VERSION,
-                        _dump(record),
+                        text,
                         scope,
-                        new.task.status.value,
-                        new.task.created_at,
-                        new.task.expires_at,
+                        task.status.value,
+                        created_at,
+                        None if ttl_us is None else created_at + ttl_us,
                         *(
                             (None, None, 0, None, None)
                             if lease is None
@@ -903,11 +937,17 @@ class SqliteStore:
                 if exc.sqlite_errorcode == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY:
                     raise AlreadyExists(task.id) from None
                 raise
-            # The store keeps nothing in memory, so the caller may have ``new`` itself (its
-            # task and work are the caller's own values, or fresh copies when stamped).
-            return new, lease
+            return created_at, lease
 
-        return body
+        def stamped(created_at: int) -> Snapshot:
+            """The stored record (the store keeps nothing in memory, so the caller may have
+            it: it is built from the caller's own task and work)."""
+            if created_at == task.created_at:
+                return snapshot
+            task_at = attrs.evolve(task, created_at=created_at, last_updated_at=created_at)
+            return attrs.evolve(snapshot, task=task_at)
+
+        return _Insert(body=body, single=not limited, snapshot=stamped)
 
     def _check_capacity(self, conn: sqlite3.Connection, task_id: str, scope: str) -> None:
         """The limits, checked after the id (an existing id is ``AlreadyExists`` even when full)."""
@@ -1078,7 +1118,7 @@ class SqliteStore:
                 raise TypeError("request authority needs an Access from authorize()")
         elif not isinstance(authority, WorkerAuthority):
             raise TypeError("authority must be RequestAuthority or WorkerAuthority")
-        event_json = canonical_json(event.to_json())
+        event_json, event_text = _event_texts(event)
 
         def body(conn: sqlite3.Connection, now: int) -> Transition | Conflict | NotFound:
             row, seen = self._load_seen(conn, task_id, event.id)
@@ -1092,7 +1132,16 @@ class SqliteStore:
                 self._check_lease(row, authority.lease, now)
                 if event.kind not in WORKER_KINDS:
                     raise UnauthorizedAction(f"a worker lease cannot apply {event.kind.value}")
-            return self._apply(conn, row, expected_revision, event, event_json, now, seen=seen)
+            return self._apply(
+                conn,
+                row,
+                expected_revision,
+                event,
+                event_json,
+                now,
+                seen=seen,
+                event_text=event_text,
+            )
 
         return await self._transact(body, write=True)
 
@@ -1109,7 +1158,7 @@ class SqliteStore:
             raise TypeError("settle needs an Event")
         if event.kind not in SETTLE_KINDS:
             raise UnauthorizedAction(f"settle cannot apply {event.kind.value}")
-        event_json = canonical_json(event.to_json())
+        event_json, event_text = _event_texts(event)
 
         def body(conn: sqlite3.Connection, now: int) -> Transition | Conflict | NotFound:
             row, seen = self._load_seen(conn, task_id, event.id)
@@ -1123,7 +1172,15 @@ class SqliteStore:
                     raise
                 return replay
             return self._apply(
-                conn, row, expected_revision, event, event_json, now, seen=seen, release=True
+                conn,
+                row,
+                expected_revision,
+                event,
+                event_json,
+                now,
+                seen=seen,
+                release=True,
+                event_text=event_text,
             )
 
         return await self._transact(body, write=True)
@@ -1164,6 +1221,7 @@ class SqliteStore:
         *,
         seen: bool | None = None,
         release: bool = False,
+        event_text: str | None = None,
     ) -> Transition | Conflict:
         """Replay check, then the revision check, then the reducer and one atomic write.
 
@@ -1223,7 +1281,7 @@ class SqliteStore:
             (
                 task_id,
                 event.id,
-                _dump(event.to_json()),
+                _dump(event.to_json()) if event_text is None else event_text,
                 event.kind.value,
                 new.revision,
                 committed_at,
