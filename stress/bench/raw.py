@@ -1,5 +1,11 @@
 """The raw limit of a store: a minimal loop of fenced durable commits straight on the database.
 
+``commits`` is the number of durable commits tritask itself made per task in the same run (the
+store writes its server counted: one per ``create_claimed(_stamped)``, applied ``transition``,
+``release`` or ``settle`` that released, ...; reads such as ``now()`` commit nothing). With
+settle-and-release and stamped creation that is 2: the insertion (created already claimed) and
+the final event with the release. The loop does exactly as many, never fewer.
+
 Per task it does what the store must at least do, and no more: one ``INSERT`` commit, then
 ``commits - 1`` fenced ``UPDATE … WHERE task_id = ? AND generation = ? AND owner = ?`` commits
 (each checked for exactly one row), every one its own transaction, with the store's durability
@@ -188,34 +194,55 @@ async def raw_memory(tasks: int) -> dict[str, Any]:
     """The memory store's own limit: its operations called directly, no runner, no HTTP."""
     from tritask.tasks.events import Event
     from tritask.tasks.memory import MemoryStore
-    from tritask.tasks.store import Action, Claimed, CreatesClaimed, WorkerAuthority
+    from tritask.tasks.store import (
+        Action,
+        Claimed,
+        CreatesClaimed,
+        WorkerAuthority,
+        settles,
+        stamps_creation,
+    )
     from tritask.tasks.work import Work
 
     store = MemoryStore(scope="shared", max_tasks=None, max_active_tasks_per_scope=None)
     result = {"content": [], "isError": False}
+    # Any store: the same operations the runner uses, the combined ones when offered.
+    generic: Any = store
+    stamped, settling = stamps_creation(generic), settles(generic)
+    operations = [
+        "authorize",
+        "create_claimed_stamped" if stamped else "now, create(+claim)",
+        "settle" if settling else "transition, release",
+    ]
     started = time.perf_counter()
     async with store:
         for n in range(tasks):
             task_id = f"raw-{n}"
             access = await store.authorize(None, Action.CREATE, task_id)
             work = Work(idempotency_key=task_id, type="noop", input={})
-            task = new_task(task_id, await store.now(), None, None)
-            generic: Any = store  # any store: use the atomic create+claim when it is offered
-            if isinstance(generic, CreatesClaimed):
-                claimed: Any = await generic.create_claimed(task, work, access, "raw", 30_000)
+            claimed: Any
+            if stamped:
+                task = new_task(task_id, 0, None, None)
+                claimed = await generic.create_claimed_stamped(task, work, access, "raw", 30_000)
             else:
-                await store.create(task, work, access)
-                claimed = await store.claim(task_id, "raw", 30_000)
+                task = new_task(task_id, await store.now(), None, None)
+                if isinstance(generic, CreatesClaimed):
+                    claimed = await generic.create_claimed(task, work, access, "raw", 30_000)
+                else:
+                    await store.create(task, work, access)
+                    claimed = await store.claim(task_id, "raw", 30_000)
             assert isinstance(claimed, Claimed)
-            await store.transition(
-                task_id, 0, Event.completed(result), WorkerAuthority(claimed.lease)
-            )
-            await store.release(claimed.lease)
+            event = Event.completed(result)
+            if settling:
+                await generic.settle(task_id, 0, event, claimed.lease)
+            else:
+                await store.transition(task_id, 0, event, WorkerAuthority(claimed.lease))
+                await store.release(claimed.lease)
     elapsed = time.perf_counter() - started
     return {
         "tasksPerSecond": round(tasks / elapsed, 1),
         "seconds": round(elapsed, 4),
-        "settings": {"operations": "authorize, create(+claim), transition, release"},
+        "settings": {"operations": ", ".join(operations)},
     }
 
 
