@@ -800,3 +800,46 @@ async def test_serve_http_on_either_server(
 async def test_serve_http_refuses_an_unknown_server(mcp_app: App) -> None:
     with pytest.raises(ValueError, match="unknown HTTP server"):
         await serve_http(mcp_app, server="nginx")  # type: ignore[arg-type]
+
+
+# -- hot-path shortcuts agree with what they stand for ---------------------------------------------
+
+
+async def test_has_capability_agrees_with_capabilities(make_app: Callable[..., App]) -> None:
+    app = make_app()
+    names = ("tools", "prompts", "resources", "completions", "extensions", "logging", "other")
+
+    def check() -> None:
+        listed = app.capabilities()
+        assert {name: app.has_capability(name) for name in names} == {
+            name: name in listed for name in names
+        }
+
+    check()
+
+    async def tool() -> str:
+        """A tool."""
+        return ""
+
+    app.add_tool(tool)
+    check()
+
+    @app.prompt()
+    async def prompt() -> str:
+        return ""
+
+    @app.resource("res://{item}")
+    async def template(item: str) -> str:
+        return item
+
+    check()
+
+    @app.completion("ref/prompt", "prompt")
+    async def complete(name: str, value: str, context: dict[str, str]) -> list[str]:
+        return []
+
+    app.capability_overrides["logging"] = {}
+    check()
+    app.remove_tool("tool")
+    app.remove_prompt("prompt")
+    check()

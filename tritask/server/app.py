@@ -249,6 +249,7 @@ class App:
         return self._sealer
 
     def capabilities(self) -> dict[str, JSONValue]:
+        """What ``server/discover`` advertises (keep :meth:`has_capability` in step)."""
         caps: dict[str, JSONValue] = {}
         if self.tools:
             caps["tools"] = {"listChanged": True}
@@ -262,6 +263,26 @@ class App:
             caps["extensions"] = {ext_id: ext.settings() for ext_id, ext in self.extensions.items()}
         caps.update(self.capability_overrides)
         return caps
+
+    def has_capability(self, name: str) -> bool:
+        """``name in self.capabilities()``, without building them (routing asks per request).
+
+        Read from the registries each time, so it cannot go stale, and no extension's
+        ``settings()`` is called.
+        """
+        if name in self.capability_overrides:
+            return True
+        if name == "tools":
+            return bool(self.tools)
+        if name == "prompts":
+            return bool(self.prompts)
+        if name == "resources":
+            return bool(self.resources or self.resource_templates)
+        if name == "completions":
+            return bool(self.completions)
+        if name == "extensions":
+            return bool(self.extensions)
+        return False
 
     # -- extensions ----------------------------------------------------------------------
 

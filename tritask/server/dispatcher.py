@@ -33,7 +33,7 @@ from tritask.protocol.meta import (
     parse_request_meta,
 )
 from tritask.protocol.versions import INPUT_REQUIRED_METHODS, SUPPORTED_VERSIONS
-from tritask.server.app import App
+from tritask.server.app import App, ToolDef
 from tritask.server.context import Context, Emit
 from tritask.server.extension import CallNext, ToolCall
 from tritask.server.mrtr import InputRequired
@@ -81,6 +81,7 @@ class Dispatcher:
             "completion/complete": ("completions", self._complete),
             "subscriptions/listen": (None, self._listen),
         }
+        self._declared_params: dict[str, tuple[ToolDef, dict[str, tuple[str, str | None]]]] = {}
 
     # -- entry point ---------------------------------------------------------------------
 
@@ -117,10 +118,12 @@ class Dispatcher:
     ) -> dict[str, JSONValue]:
         params: dict[str, JSONValue] = dict(request.params or {})
         method = request.method
+        header_version = None
         if headers is not None:
-            hdr.check_protocol_version_present(headers)
+            header_version = hdr.check_protocol_version_present(headers)
         meta = parse_request_meta(params)
-        if headers is not None:
+        if headers is not None and header_version != meta.protocol_version:
+            # The header was decoded once above; this only raises the mismatch error.
             hdr.check_protocol_version_matches(headers, meta.protocol_version)
         if meta.protocol_version not in SUPPORTED_VERSIONS:
             raise UnsupportedProtocolVersion(meta.protocol_version, list(SUPPORTED_VERSIONS))
@@ -169,7 +172,7 @@ class Dispatcher:
         core = self._core.get(method)
         if core is not None:
             capability, handler = core
-            if capability is None or capability in self.app.capabilities():
+            if capability is None or self.app.has_capability(capability):
                 return handler, None
             return None, None
         for extension_id, extension in self.app.extensions.items():
@@ -193,9 +196,17 @@ class Dispatcher:
             tool = self.app.tools.get(params.get("name"))  # type: ignore[arg-type]
             arguments = params.get("arguments")
             if tool is not None and isinstance(arguments, dict | None):
-                declared = hdr.param_headers(tool.input_schema)
+                declared = self._param_headers(tool)
                 if declared:
                     hdr.check_params(headers, arguments or {}, declared)
+
+    def _param_headers(self, tool: ToolDef) -> dict[str, tuple[str, str | None]]:
+        """``hdr.param_headers`` of a registered tool, derived once per registration."""
+        cached = self._declared_params.get(tool.name)
+        if cached is None or cached[0] is not tool:
+            cached = (tool, hdr.param_headers(tool.input_schema))
+            self._declared_params[tool.name] = cached
+        return cached[1]
 
     def _negotiate(self, capabilities: dict[str, JSONValue]) -> dict[str, JSONValue]:
         negotiated: dict[str, JSONValue] = {}
