@@ -13,11 +13,14 @@ How it works, and why:
   back), then raises ``Cancelled``; the connection stays usable. An operation that committed
   before the interrupt landed returns its result instead (trio's rule: ``Cancelled`` means it
   did not happen).
-* **``BEGIN IMMEDIATE`` for every write.** The write reservation is taken before the row or the
-  clock is read, so every decision is made on the latest committed state and a read→write
-  upgrade can never fail with ``SQLITE_BUSY`` outside ``busy_timeout``. Reads use deferred
-  transactions so WAL readers in other processes proceed in parallel. ``SQLITE_BUSY`` after the
-  timeout is :class:`~tritask.tasks.store.DatabaseBusy` (safe to retry).
+* **``BEGIN IMMEDIATE`` for every write that reads.** The write reservation is taken before the
+  row or the clock is read, so every decision is made on the latest committed state and a
+  read→write upgrade can never fail with ``SQLITE_BUSY`` outside ``busy_timeout``. Creating a
+  task without limits decides nothing on stored state: it is one ``INSERT`` run as its own
+  (autocommit, equally durable) transaction, an existing id failing its primary key. Reads
+  use deferred transactions so WAL readers in other processes proceed in parallel.
+  ``SQLITE_BUSY`` after the timeout is :class:`~tritask.tasks.store.DatabaseBusy` (safe to
+  retry).
 * **Stored time.** Production reads, inside the transaction, the clock SQLite's own ``'now'``
   reads: the host's real-time clock truncated to the millisecond (``gettimeofday`` in SQLite's
   POSIX VFS, ``time.time_ns()`` here, which saves a statement per transaction). A SQLite file
@@ -620,6 +623,8 @@ class SqliteStore:
         worker = self._worker
         if worker is None:
             raise trio.ClosedResourceError("the store is closed")
+        if trio.lowlevel.current_trio_token() is not worker.token:
+            raise RuntimeError("a SqliteStore serves the trio run that opened it")
         op = _Op(fn, trio.lowlevel.current_task())
         worker.submit(op)
         result: outcome.Outcome[T] = await trio.lowlevel.wait_task_rescheduled(

@@ -988,24 +988,25 @@ class StoreContract:
     async def test_settle_applies_the_final_event_and_releases_the_claim(self) -> None:
         """``settle`` is a worker transition plus, in the same step, the release of the claim."""
         async with self.store() as store:
-            if not settles(store):
+            settling = store if settles(store) else None
+            if settling is None:
                 pytest.skip("the store does not offer settle")
             await self.create(store, "task-1", policy=RetryPolicy([2000]))
             lease = await self.claimed(store, "task-1")
             event = Event.retry_requested(ERROR, "again")
             with pytest.raises(UnauthorizedAction):
-                await store.settle("task-1", 0, Event.input_requested("k", ASK), lease)
+                await settling.settle("task-1", 0, Event.input_requested("k", ASK), lease)
             with pytest.raises(StaleLease):
-                await store.settle("task-1", 0, event, attrs.evolve(lease, token="forged"))
-            conflict = await store.settle("task-1", 1, event, lease)
+                await settling.settle("task-1", 0, event, attrs.evolve(lease, token="forged"))
+            conflict = await settling.settle("task-1", 1, event, lease)
             assert isinstance(conflict, Conflict)
             assert conflict.snapshot.revision == 0
-            assert await store.settle("unknown", 0, event, lease) is NOT_FOUND
+            assert await settling.settle("unknown", 0, event, lease) is NOT_FOUND
             # Refusals kept the claim: the lease still reads and nobody else can claim.
             assert isinstance(await store.worker_snapshot("task-1", lease), Snapshot)
             assert await store.claim("task-1", "owner-2", LEASE_MS) is UNAVAILABLE
 
-            settled = await store.settle("task-1", 0, event, lease)
+            settled = await settling.settle("task-1", 0, event, lease)
             assert isinstance(settled, Transition)
             assert settled.outcome == "applied"
             assert settled.event_revision == 1
@@ -1025,14 +1026,14 @@ class StoreContract:
                 await store.worker_snapshot("task-1", lease)
 
             # A resend after a lost acknowledgement replays the original commit...
-            replay = await store.settle("task-1", 0, event, lease)
+            replay = await settling.settle("task-1", 0, event, lease)
             assert replay == attrs.evolve(settled, outcome="duplicate")
             # ...but other content under the same id, or another event, is refused as stale.
             reused = Event.retry_requested(ERROR, "other", id=event.id)
             with pytest.raises(StaleLease):
-                await store.settle("task-1", 1, reused, lease)
+                await settling.settle("task-1", 1, reused, lease)
             with pytest.raises(StaleLease):
-                await store.settle("task-1", 1, Event.completed({"ok": True}), lease)
+                await settling.settle("task-1", 1, Event.completed({"ok": True}), lease)
 
             assert retry_at is not None
             await self.advance(-(-(retry_at - await store.now()) // 1000))
@@ -1041,8 +1042,8 @@ class StoreContract:
             assert again.lease.generation == 2
             # A later claim ends even the replay of the old lease.
             with pytest.raises(StaleLease):
-                await store.settle("task-1", 0, event, lease)
-            done = await store.settle("task-1", 1, Event.completed({"ok": True}), again.lease)
+                await settling.settle("task-1", 0, event, lease)
+            done = await settling.settle("task-1", 1, Event.completed({"ok": True}), again.lease)
             assert isinstance(done, Transition)
             assert done.outcome == "applied"
             assert done.snapshot.task.status is TaskStatus.COMPLETED
@@ -1052,7 +1053,8 @@ class StoreContract:
 
     async def test_settle_releases_on_unchanged_and_duplicate(self) -> None:
         async with self.store() as store:
-            if not settles(store):
+            settling = store if settles(store) else None
+            if settling is None:
                 pytest.skip("the store does not offer settle")
             await self.create(store, "task-1")
             lease = await self.claimed(store, "task-1")
@@ -1063,7 +1065,7 @@ class StoreContract:
                 Event.cancelled(),
                 await self.request(store, A, Action.CANCEL, "task-1"),
             )
-            late = await store.settle("task-1", 1, Event.completed({"ok": True}), lease)
+            late = await settling.settle("task-1", 1, Event.completed({"ok": True}), lease)
             assert isinstance(late, Transition)
             assert late.outcome == "unchanged"
             assert late.snapshot.task.status is TaskStatus.CANCELLED
@@ -1076,7 +1078,7 @@ class StoreContract:
             lease = await self.claimed(store, "task-2")
             event = Event.failed(ERROR, "broken")
             first = await self.applied(store, "task-2", 0, event, WorkerAuthority(lease))
-            again = await store.settle("task-2", 0, event, lease)
+            again = await settling.settle("task-2", 0, event, lease)
             assert again == attrs.evolve(first, outcome="duplicate")
             with pytest.raises(StaleLease):
                 await store.release(lease)
@@ -1085,14 +1087,15 @@ class StoreContract:
 
     async def test_create_claimed_stamped_takes_created_at_from_the_store_clock(self) -> None:
         async with self.store(max_tasks=2) as store:
-            if not stamps_creation(store):
+            stamping = store if stamps_creation(store) else None
+            if stamping is None:
                 pytest.skip("the store does not offer create_claimed_stamped")
             await self.advance(5)
             now = await store.now()
             access = await store.authorize(A, Action.CREATE, "task-1")
             placeholder = new_task("task-1", 0, 60_000, 5)
             work = Work(idempotency_key="task-1", type="contract", input={"taskId": "task-1"})
-            claimed = await store.create_claimed_stamped(
+            claimed = await stamping.create_claimed_stamped(
                 placeholder, work, access, "creator", LEASE_MS
             )
             task = claimed.snapshot.task
@@ -1111,12 +1114,12 @@ class StoreContract:
             assert done.committed_at == now + 1000  # one commit step after the stamp
             again = await store.authorize(A, Action.CREATE, "task-1")
             with pytest.raises(AlreadyExists):
-                await store.create_claimed_stamped(placeholder, work, again, "creator", LEASE_MS)
+                await stamping.create_claimed_stamped(placeholder, work, again, "creator", LEASE_MS)
             # Still only a new task is accepted (the instants must be equal).
             second = await store.authorize(A, Action.CREATE, "task-2")
             updated = attrs.evolve(new_task("task-2", START, None, None), last_updated_at=START + 1)
             with pytest.raises(InvalidTask):
-                await store.create_claimed_stamped(
+                await stamping.create_claimed_stamped(
                     updated,
                     Work(idempotency_key="task-2", type="contract", input={}),
                     second,
