@@ -887,6 +887,9 @@ class SqliteStore:
         limited = self._max_tasks is not None or self._max_active is not None
         ttl_us = None if task.ttl_ms is None else task.ttl_ms * 1000
         record = _dump(document)
+        # Drawn here: in the worker thread its system call would hand the GIL away in the
+        # middle of the serialised section.
+        token = str(uuid.uuid4())
         record_task = document["task"]
         assert isinstance(record_task, dict)
 
@@ -912,7 +915,7 @@ class SqliteStore:
                     store_id=self._id,
                     task_id=task.id,
                     owner_id=owner_id,
-                    token=str(uuid.uuid4()),
+                    token=token,
                     generation=1,
                     expires_at=now + lease_ms * 1000,
                     epoch=self._epoch,
