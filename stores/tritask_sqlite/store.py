@@ -2,17 +2,15 @@
 
 How it works, and why:
 
-* **One connection, one worker thread.** Every operation is one whole transaction run by the
-  store's own worker thread, which owns the connection and takes operations from a FIFO queue
-  in arrival order, one after the other: the next operation starts as soon as the previous one
-  has committed, without waiting for the trio loop to hand the connection on (under load the
-  loop is busy, and a lock handed over through it would stay idle for a scheduling round or two
-  per operation). Each operation still commits on its own before it is acknowledged. A trio
-  cancellation of a queued operation removes it unrun; of a running one it calls
-  ``Connection.interrupt()``, waits for the thread to come back (the transaction is rolled
-  back), then raises ``Cancelled``; the connection stays usable. An operation that committed
-  before the interrupt landed returns its result instead (trio's rule: ``Cancelled`` means it
-  did not happen).
+* **One connection, one hop per operation.** Every operation is one whole transaction run by
+  ONE ``trio.to_thread.run_sync`` call on the store's connection, serialised in arrival order by
+  a fair ``trio.Lock`` (no thread of the store's own: threads are trio's, for blocking database
+  calls only). Each operation commits on its own before it is acknowledged. A trio cancellation
+  while waiting for the lock leaves the operation unrun; while it runs, a shielded sibling calls
+  ``Connection.interrupt()``, the caller waits for the thread to come back (the transaction is
+  rolled back), then raises ``Cancelled``; the connection stays usable. An operation that
+  committed before the interrupt landed returns its result instead (trio's rule: ``Cancelled``
+  means it did not happen).
 * **``BEGIN IMMEDIATE`` for every write that reads.** The write reservation is taken before the
   row or the clock is read, so every decision is made on the latest committed state and a
   read→write upgrade can never fail with ``SQLITE_BUSY`` outside ``busy_timeout``. Creating a
@@ -26,7 +24,7 @@ How it works, and why:
   POSIX VFS, ``time.time_ns()`` here, which saves a statement per transaction). A SQLite file
   is only shared by processes of one host (WAL needs shared memory), so every process sharing
   the file decides leases, ``retry_at`` and TTLs on the same clock. ``clock=`` injects a
-  clock for tests; it is called in the worker thread, inside the transaction, so it must be
+  clock for tests; it is called in a worker thread, inside the transaction, so it must be
   thread-safe and must not need trio (``ManualClock`` does, ``TrioClock`` does not). Commit
   times strictly increase per task: ``committed_at = max(now, last_updated_at + 1 ms)`` as in
   the memory store (the clock has millisecond resolution, so wire times keep their ``.mmmZ``
@@ -49,16 +47,13 @@ How it works, and why:
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
 import sqlite3
 import sys
-import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Final, Literal, Self, TypeVar, final
@@ -195,116 +190,25 @@ class _Insert:
     snapshot: Callable[[int], Snapshot]
 
 
-@attrs.define(eq=False)
-class _Op:
-    """One queued operation: ``fn(connection)`` for the trio task waiting on it."""
-
-    fn: Callable[[sqlite3.Connection], Any]
-    task: trio.lowlevel.Task
-    state: Literal["queued", "running", "done", "abandoned"] = "queued"
+@attrs.define
+class _Hop:
+    done: bool = False
     interrupted: bool = False
 
 
-class _Worker:
-    """The thread that owns the connection and runs queued operations in arrival order.
+async def _interrupt_on_cancel(conn: sqlite3.Connection, hop: _Hop) -> None:
+    """Sleep until the hop ends or the caller is cancelled; on the latter, interrupt SQLite.
 
-    Results go back to the waiting trio task through the run's token. ``stop`` lets the
-    operations already queued fail with ``ClosedResourceError`` (nothing new is run), then the
-    thread closes the connection and the lock file and sets ``stopped`` (in trio).
+    The ``Cancelled`` is not re-raised here: the caller's own checkpoint after the thread
+    returns raises it (cancellation is level-triggered), so nothing is lost, and the caller gets
+    a plain ``Cancelled`` instead of an exception group.
     """
-
-    def __init__(
-        self, conn: sqlite3.Connection, lock_fd: int | None, token: trio.lowlevel.TrioToken
-    ) -> None:
-        self.conn = conn
-        self.lock_fd = lock_fd
-        self.token = token
-        self.mutex = threading.Lock()
-        self.wake = threading.Condition(self.mutex)
-        self.queue: deque[_Op] = deque()
-        self.running: _Op | None = None
-        self.done: list[tuple[_Op, outcome.Outcome[Any]]] = []
-        self.delivering = False
-        self.stopping = False
-        self.stopped = trio.Event()
-        self.thread = threading.Thread(target=self._main, name="tritask-sqlite", daemon=True)
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def submit(self, op: _Op) -> None:
-        with self.wake:
-            if self.stopping:
-                raise trio.ClosedResourceError("the store is closed")
-            self.queue.append(op)
-            self.wake.notify()
-
-    def abort(self, op: _Op) -> trio.lowlevel.Abort:
-        """Cancellation of a waiting task: drop its queued operation or interrupt it."""
-        with self.mutex:
-            if op.state == "queued":
-                op.state = "abandoned"
-                return trio.lowlevel.Abort.SUCCEEDED
-            if op.state == "running":
-                op.interrupted = True
-                self.conn.interrupt()
-        return trio.lowlevel.Abort.FAILED
-
-    def stop(self) -> None:
-        with self.wake:
-            self.stopping = True
-            self.wake.notify()
-
-    def _main(self) -> None:
-        closed = outcome.Error(trio.ClosedResourceError("the store is closed"))
-        try:
-            while True:
-                with self.wake:
-                    while not self.queue and not self.stopping:
-                        self.wake.wait()
-                    if not self.queue:
-                        break
-                    op = self.queue.popleft()
-                    if op.state == "abandoned":
-                        continue
-                    if self.stopping:
-                        op.state = "done"
-                        result: outcome.Outcome[Any] = closed
-                    else:
-                        op.state = "running"
-                        self.running = op
-                if op.state == "running":
-                    result = outcome.capture(op.fn, self.conn)
-                    with self.mutex:
-                        op.state = "done"
-                        self.running = None
-                self._deliver(op, result)
-        finally:
-            try:
-                _close(self.conn, self.lock_fd)
-            finally:
-                with contextlib.suppress(trio.RunFinishedError):
-                    self.token.run_sync_soon(self.stopped.set)
-
-    def _deliver(self, op: _Op, result: outcome.Outcome[Any]) -> None:
-        """Hand a result to trio; results finished before trio got round to the previous
-        hand-over ride along with it (one wake-up of the trio loop, not one each)."""
-        with self.mutex:
-            self.done.append((op, result))
-            if self.delivering:
-                return
-            self.delivering = True
-        with contextlib.suppress(trio.RunFinishedError):
-            self.token.run_sync_soon(self._resume)
-
-    def _resume(self) -> None:
-        """In trio: resume every task whose operation has finished, in finishing order."""
-        with self.mutex:
-            done, self.done = self.done, []
-            self.delivering = False
-        for op, result in done:
-            # Resume with the outcome itself (the caller inspects it, then unwraps).
-            trio.lowlevel.reschedule(op.task, outcome.Value(result))
+    try:
+        await trio.sleep_forever()
+    except trio.Cancelled:
+        if not hop.done:
+            hop.interrupted = True
+            conn.interrupt()
 
 
 def _dump(value: object) -> str:
@@ -503,7 +407,8 @@ class SqliteStore:
         self._reap_batch = _positive_int(reap_batch_size, "reap_batch_size")
         self._lock = trio.Lock()
         self._state: Literal["new", "open", "closed"] = "new"
-        self._worker: _Worker | None = None
+        self._conn: sqlite3.Connection | None = None
+        self._lock_fd: int | None = None
         self._store_uuid = ""
         self._epoch = 0
         self._id = ""
@@ -537,8 +442,7 @@ class SqliteStore:
             if self._closed():  # aclose() ran while the thread was opening
                 await trio.to_thread.run_sync(_close, conn, lock_fd)
                 raise trio.ClosedResourceError("the store was closed while opening")
-            self._worker = _Worker(conn, lock_fd, trio.lowlevel.current_trio_token())
-            self._worker.start()
+            self._conn, self._lock_fd = conn, lock_fd
             self._store_uuid, self._epoch = info.store_id, info.boot_epoch
             self._id = self._instance_id(info.boot_epoch)
             self._state = "open"
@@ -584,10 +488,10 @@ class SqliteStore:
         self._state = "closed"
         with trio.CancelScope(shield=True):
             async with self._lock:
-                worker, self._worker = self._worker, None
-                if worker is not None:
-                    worker.stop()  # the running operation finishes; queued ones are refused
-                    await worker.stopped.wait()
+                conn, lock_fd = self._conn, self._lock_fd
+                self._conn = self._lock_fd = None
+                if conn is not None or lock_fd is not None:
+                    await trio.to_thread.run_sync(_close, conn, lock_fd)
 
     async def __aenter__(self) -> Self:
         if self._state == "new":
@@ -614,23 +518,23 @@ class SqliteStore:
     # -- the thread hop -----------------------------------------------------------------------
 
     async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn(connection)`` on the worker thread, after the operations queued before it.
+        """Run ``fn(connection)`` in a worker thread: one hop, interrupted on cancellation."""
+        async with self._lock:
+            self._ensure_open()
+            conn = self._conn
+            assert conn is not None
+            hop = _Hop()
 
-        Cancelled while queued, it never runs; while running, SQLite is interrupted and the
-        caller waits for the thread (see the module docstring).
-        """
-        self._ensure_open()
-        worker = self._worker
-        if worker is None:
-            raise trio.ClosedResourceError("the store is closed")
-        if trio.lowlevel.current_trio_token() is not worker.token:
-            raise RuntimeError("a SqliteStore serves the trio run that opened it")
-        op = _Op(fn, trio.lowlevel.current_task())
-        worker.submit(op)
-        result: outcome.Outcome[T] = await trio.lowlevel.wait_task_rescheduled(
-            lambda _: worker.abort(op)
-        )
-        if op.interrupted and isinstance(result, outcome.Error):
+            async def in_thread() -> T:
+                return await trio.to_thread.run_sync(fn, conn)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_interrupt_on_cancel, conn, hop)
+                with trio.CancelScope(shield=True):
+                    result = await outcome.acapture(in_thread)
+                hop.done = True
+                nursery.cancel_scope.cancel()
+        if hop.interrupted and isinstance(result, outcome.Error):
             await trio.lowlevel.checkpoint()  # raises the caller's Cancelled
         return result.unwrap()
 
@@ -646,7 +550,7 @@ class SqliteStore:
         single: bool,
         conn: sqlite3.Connection,
     ) -> T:
-        """One transaction in the worker thread: ``body(conn, now)``, then COMMIT or ROLLBACK.
+        """One transaction in a worker thread: ``body(conn, now)``, then COMMIT or ROLLBACK.
 
         With ``single`` the body runs exactly one statement, which SQLite runs as its own
         transaction (autocommit: atomic, and durable before it returns, like any COMMIT);
