@@ -8,6 +8,10 @@ lock never judges a lease or a retry deadline by a time from before the wait.
   statement (a new READ COMMITTED snapshot, so a replay committed while we waited is seen), check
   authority, replay an already-committed event id *before* comparing revisions, run the shared
   reducer in Python, and write the record, its projections and the ledger row in one statement.
+  ``settle`` is the same transaction for a worker's final event, its write also clearing the
+  claim (a ``duplicate`` or ``unchanged`` answer clears it too).
+* ``create_claimed_stamped`` inserts in one statement that reads the clock and formats it into
+  the record's ``createdAt``/``lastUpdatedAt`` itself, so stamping costs no extra round trip.
 * ``claim_next`` takes the oldest claimable task by ``(created_at, task_id)`` with
   ``FOR UPDATE SKIP LOCKED``, so concurrent claimers on any host get distinct tasks.
 * Leases are fenced: owner, random UUID token, generation (+1 on every claim) and exact expiry.
@@ -41,19 +45,22 @@ import trio
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from tritask.tasks._time import Clock
-from tritask.tasks.events import Effects, Event, EventKind, effects_from_json, effects_to_json
+from tritask.tasks._time import MAX_INSTANT, Clock
+from tritask.tasks.events import Event, EventKind, effects_from_json, effects_to_json
 from tritask.tasks.model import CorruptRecord, Snapshot, Task, initial_snapshot, snapshot_from_json
 from tritask.tasks.model import snapshot_to_json as _record_json
 from tritask.tasks.reducer import apply
 from tritask.tasks.store import (
     NOT_FOUND,
     REQUEST_KINDS,
+    SETTLE_KINDS,
     UNAVAILABLE,
     WORKER_KINDS,
     Access,
     Action,
     AlreadyExists,
+    AuditFinding,
+    AuditPage,
     Authority,
     CapacityExceeded,
     Claimed,
@@ -64,6 +71,7 @@ from tritask.tasks.store import (
     EventIdReused,
     InvalidTask,
     Lease,
+    LedgerEntry,
     NotFound,
     RequestAuthority,
     Scope,
@@ -72,10 +80,18 @@ from tritask.tasks.store import (
     UnauthorizedAction,
     Unavailable,
     WorkerAuthority,
+    check_audit_page,
+    check_create_access,
+    check_limit,
+    check_owner,
+    check_positive_int,
+    check_positive_ms,
+    check_transition_arguments,
+    decode_ledger,
+    new_access,
     require_scope,
-    resolve_scope,
 )
-from tritask.tasks.work import CodecError, Work, canonical_json
+from tritask.tasks.work import CodecError, JSONObject, Work, canonical_json
 from tritask_postgres._migrations import check_schema, redact_dsn, resolve_schema
 from tritask_postgres._pool import ConnectionPool
 from tritask_postgres._wakeups import Wakeup, WakeupKind, listen, notify_payload
@@ -97,40 +113,20 @@ _BUSY_ERRORS: Final = (
     psycopg.errors.SerializationFailure,
     psycopg.errors.QueryCanceled,  # our statement_timeout (trio's own cancels become Cancelled)
 )
-MAX_AUDIT_PAGE: Final = 10_000
 _CLOCK_SQL: Final = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
+_INSTANT_SQL: Final = (
+    "(to_char(to_timestamp(n.now / 1000000) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.')"
+    " || CASE WHEN mod(n.now, 1000) = 0 THEN lpad((mod(n.now, 1000000) / 1000)::text, 3, '0')"
+    " ELSE lpad(mod(n.now, 1000000)::text, 6, '0') END || 'Z')"
+)
+"""``n.now`` (µs, within 1970..9999) as :func:`tritask.tasks._time.format_instant` writes it:
+milliseconds when whole, else microseconds."""
 
 _COLUMNS: Final = (
     "t.task_id, t.record::text, t.scope, t.revision, t.status, t.created_at_us, "
     "t.expires_at_us, t.retry_at_us, t.claim_owner, t.claim_token::text, t.lease_generation, "
     "t.claim_expires_at_us"
 )
-
-
-def _limit(value: object, name: str) -> int | None:
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name} must be a positive int or None (unlimited)")
-    if value <= 0:
-        raise ValueError(f"{name} must be a positive int or None (unlimited)")
-    return value
-
-
-def _positive(value: object, name: str, unit: str = "") -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{name} must be a positive int{unit}")
-    return value
-
-
-def _positive_ms(value: object, name: str) -> int:
-    return _positive(value, name, " of milliseconds")
-
-
-def _owner(value: object) -> str:
-    if not isinstance(value, str) or not value:
-        raise ValueError("owner_id must be a non-empty string")
-    return value
 
 
 def _scope_text(key: str) -> str:
@@ -142,29 +138,22 @@ def _scope_text(key: str) -> str:
     return '{"value":' + key + ',"version":1}'
 
 
-@attrs.frozen(kw_only=True)
-class LedgerEntry:
-    """One applied event as the ledger recorded it."""
+def _stamp_pieces(document: JSONObject) -> list[str]:
+    """A new record's canonical JSON text cut where its task's ``createdAt`` and
+    ``lastUpdatedAt`` go: the inserting statement joins the pieces with its clock's instant.
 
-    event: Event
-    revision: int
-    committed_at: int
-    effects: Effects
-
-
-@attrs.frozen(kw_only=True)
-class AuditFinding:
-    task_id: str
-    reason: str
-
-
-@attrs.frozen(kw_only=True)
-class AuditPage:
-    """One page of :meth:`PostgresStore.audit`: the ids checked, what failed, the next cursor."""
-
-    checked: tuple[str, ...]
-    findings: tuple[AuditFinding, ...]
-    next_after: str | None
+    The cut marks are random, so the record's own data cannot contain them (checked).
+    """
+    task = document["task"]
+    assert isinstance(task, dict)
+    while True:
+        mark = secrets.token_hex(16)
+        text = canonical_json(
+            {**document, "task": {**task, "createdAt": mark, "lastUpdatedAt": mark}}
+        )
+        pieces = text.split(f'"{mark}"')
+        if len(pieces) == 3:
+            return pieces
 
 
 def _bigint(us: int | None) -> int | None:
@@ -245,39 +234,9 @@ _LEDGER_COLUMNS: Final = (
 
 
 def _validate_ledger(row: _Row, rows: list[tuple[Any, ...]]) -> list[LedgerEntry]:
-    """The task's whole ledger, validated against itself and the record."""
-    task = row.snapshot.task
-    entries: list[LedgerEntry] = []
-    previous = task.created_at
-    try:
-        for expected, (_, event_id, row_format, text, kind, revision, at, effects) in enumerate(
-            rows, 1
-        ):
-            if row_format != 1 or revision != expected:
-                raise CorruptRecord(f"ledger row {expected} has the wrong format or revision")
-            event = Event.from_json(json.loads(text))
-            if event.id != event_id or event.kind.value != kind:
-                raise CorruptRecord(f"ledger row {expected} disagrees with its event")
-            if at <= previous:
-                raise CorruptRecord("ledger commit times do not strictly increase")
-            previous = at
-            entries.append(
-                LedgerEntry(
-                    event=event,
-                    revision=revision,
-                    committed_at=at,
-                    effects=effects_from_json(json.loads(effects)),
-                )
-            )
-        if len(entries) != row.snapshot.revision:
-            raise CorruptRecord(
-                f"the ledger holds {len(entries)} events for revision {row.snapshot.revision}"
-            )
-        if entries and entries[-1].committed_at != task.last_updated_at:
-            raise CorruptRecord("the last ledger commit time is not lastUpdatedAt")
-    except (ValueError, TypeError) as exc:  # CorruptRecord and CodecError are ValueErrors
-        raise CorruptStore(task.id, f"ledger: {exc}") from exc
-    return entries
+    """The task's whole ledger (rows of ``_LEDGER_COLUMNS``), validated against itself and the
+    record."""
+    return decode_ledger(row.snapshot, (values[1:] for values in rows))
 
 
 def _deferred_ms(retry_at: int, now: int) -> int:
@@ -327,16 +286,18 @@ class PostgresStore:
             raise TypeError("dsn must be a libpq URL or conninfo string")
         self._conninfo, self._schema = resolve_schema(dsn, schema)
         self._display = redact_dsn(dsn)
-        self._pool_size = _positive(pool_size, "pool_size")
-        self._max_tasks = _limit(max_tasks, "max_tasks")
-        self._max_active = _limit(max_active_tasks_per_scope, "max_active_tasks_per_scope")
-        self._reap_batch = _positive(reap_batch_size, "reap_batch_size")
-        self._lock_timeout_ms = _positive_ms(lock_timeout_ms, "lock_timeout_ms")
-        self._statement_timeout_ms = _positive_ms(statement_timeout_ms, "statement_timeout_ms")
+        self._pool_size = check_positive_int(pool_size, "pool_size")
+        self._max_tasks = check_limit(max_tasks, "max_tasks")
+        self._max_active = check_limit(max_active_tasks_per_scope, "max_active_tasks_per_scope")
+        self._reap_batch = check_positive_int(reap_batch_size, "reap_batch_size")
+        self._lock_timeout_ms = check_positive_ms(lock_timeout_ms, "lock_timeout_ms")
+        self._statement_timeout_ms = check_positive_ms(statement_timeout_ms, "statement_timeout_ms")
         from_dsn = conninfo_to_dict(self._conninfo)
         if connect_timeout_s is None:
             connect_timeout_s = int(from_dsn.get("connect_timeout") or 10)
-        self._connect_timeout_s = _positive(connect_timeout_s, "connect_timeout_s", " of seconds")
+        self._connect_timeout_s = check_positive_int(
+            connect_timeout_s, "connect_timeout_s", unit=" of seconds"
+        )
         if application_name is None:
             application_name = str(from_dsn.get("application_name") or "tritask")
         if not isinstance(application_name, str):
@@ -456,11 +417,7 @@ class PostgresStore:
     async def authorize(self, ctx: object, action: Action, task_id: str) -> Access:
         await trio.lowlevel.checkpoint()
         _, store_id = self._opened()
-        action = Action(action)
-        if not isinstance(task_id, str) or not task_id:
-            raise ValueError("a non-empty task id is required")
-        scope = resolve_scope(self._scope, ctx)
-        return Access(store_id=store_id, action=action, task_id=task_id, scope=scope)
+        return new_access(store_id, self._scope, ctx, action, task_id)
 
     async def create(self, task: Task, work: Work, access: Access) -> Snapshot:
         snapshot, _ = await self._create(task, work, access, None)
@@ -471,36 +428,49 @@ class PostgresStore:
     ) -> Claimed:
         """``create`` and the first claim in one transaction: no runner on any host can adopt
         the task in between. It sends no ``created`` wake-up: there is nothing to recover."""
-        claim = (_owner(owner_id), _positive_ms(lease_ms, "lease_ms"))
+        claim = (check_owner(owner_id), check_positive_ms(lease_ms, "lease_ms"))
         snapshot, lease = await self._create(task, work, access, claim)
         assert lease is not None
         return Claimed(snapshot, lease)
 
+    async def create_claimed_stamped(
+        self, task: Task, work: Work, access: Access, owner_id: str, lease_ms: int
+    ) -> Claimed:
+        """``create_claimed`` with ``createdAt``/``lastUpdatedAt`` (and so the TTL) read from
+        the database clock by the inserting statement, after the capacity lock when limits are
+        set: the given task's two instants are placeholders. Still one statement without
+        limits (the record's instants are formatted by that statement)."""
+        claim = (check_owner(owner_id), check_positive_ms(lease_ms, "lease_ms"))
+        snapshot, lease = await self._create(task, work, access, claim, stamp=True)
+        assert lease is not None
+        return Claimed(snapshot, lease)
+
     async def _create(
-        self, task: Task, work: Work, access: Access, claim: tuple[str, int] | None
+        self,
+        task: Task,
+        work: Work,
+        access: Access,
+        claim: tuple[str, int] | None,
+        *,
+        stamp: bool = False,
     ) -> tuple[Snapshot, Lease | None]:
         _, store_id = self._opened()
-        if not isinstance(access, Access):
-            raise TypeError("create needs an Access from authorize()")
-        if (
-            access.store_id != store_id
-            or access.action is not Action.CREATE
-            or access.task_id != getattr(task, "id", None)
-        ):
-            raise UnauthorizedAction("create needs a create access for this task from this store")
+        check_create_access(access, store_id, task)
         try:
-            record = canonical_json(_record_json(initial_snapshot(task, work)))
+            document = _record_json(initial_snapshot(task, work))
         except (CorruptRecord, TypeError, ValueError) as exc:
             raise InvalidTask(str(exc)) from exc
+        record = canonical_json(document)
         owner, lease_ms = claim if claim is not None else (None, 0)
         token = None if claim is None else str(uuid.uuid4())
         params = self._params(
             task_id=task.id,
-            record=record,
+            record=_stamp_pieces(document) if stamp else record,
             scope=_scope_text(access.scope),
             status=task.status.value,
             created_at=task.created_at,
             expires_at=_bigint(task.expires_at),
+            ttl_us=None if task.ttl_ms is None else task.ttl_ms * 1000,
             owner=owner,
             token=token,
             lease_us=min(lease_ms * 1000, _MAX_BIGINT),
@@ -512,15 +482,21 @@ class PostgresStore:
             max_active=self._max_active or 0,
         )
         limited = self._max_tasks is not None or self._max_active is not None
+        statement = self._q.insert_stamped if stamp else self._q.insert
 
-        def insert(conn: Conn) -> int | None:
-            """The claim's expiry (``None`` without a claim); raises when the id exists."""
-            row = conn.execute(self._q.insert, params).fetchone()
-            if row is None or row[0] != 1:
+        def insert(conn: Conn) -> tuple[int, int | None]:
+            """The creation instant and the claim's expiry (``None`` without a claim); raises
+            when the id exists."""
+            row = conn.execute(statement, params).fetchone()
+            assert row is not None
+            inserted, expires_at, created_at, now = row[:4]
+            if inserted != 1:
+                if stamp and not 0 <= now <= MAX_INSTANT:
+                    raise InvalidTask("the store clock is outside the instants a task can hold")
                 raise AlreadyExists(task.id)
-            return None if row[1] is None else int(row[1])
+            return int(created_at), None if expires_at is None else int(expires_at)
 
-        def run(conn: Conn) -> int | None:
+        def run(conn: Conn) -> tuple[int, int | None]:
             if not limited:
                 return insert(conn)  # one statement: atomic without a transaction
             with conn.transaction():
@@ -537,8 +513,11 @@ class PostgresStore:
                     raise CapacityExceeded("max_active_tasks_per_scope")
                 return insert(conn)
 
-        expires_at = await self._run(run)
+        created_at, expires_at = await self._run(run)
         snapshot = snapshot_from_json(json.loads(record))  # a copy the caller owns
+        if created_at != snapshot.task.created_at:  # stamped
+            stamped = attrs.evolve(snapshot.task, created_at=created_at, last_updated_at=created_at)
+            snapshot = attrs.evolve(snapshot, task=stamped)
         if owner is None or token is None or expires_at is None:
             return snapshot, None
         lease = Lease(
@@ -667,7 +646,7 @@ class PostgresStore:
         self, task_id: str, owner_id: str, lease_ms: int
     ) -> Claimed | Deferred | Unavailable | NotFound:
         self._opened()
-        owner_id, lease_ms = _owner(owner_id), _positive_ms(lease_ms, "lease_ms")
+        owner_id, lease_ms = check_owner(owner_id), check_positive_ms(lease_ms, "lease_ms")
 
         def run(conn: Conn) -> Claimed | Deferred | Unavailable | NotFound:
             with conn.transaction():
@@ -684,7 +663,7 @@ class PostgresStore:
 
     async def claim_next(self, owner_id: str, lease_ms: int) -> Claimed | None:
         self._opened()
-        owner_id, lease_ms = _owner(owner_id), _positive_ms(lease_ms, "lease_ms")
+        owner_id, lease_ms = check_owner(owner_id), check_positive_ms(lease_ms, "lease_ms")
 
         def run(conn: Conn) -> Claimed | None:
             skipped: list[str] = []
@@ -712,7 +691,7 @@ class PostgresStore:
 
     async def renew(self, lease: Lease, lease_ms: int) -> Lease:
         self._opened()
-        lease_ms = _positive_ms(lease_ms, "lease_ms")
+        lease_ms = check_positive_ms(lease_ms, "lease_ms")
 
         def run(conn: Conn) -> Lease:
             with conn.transaction():
@@ -736,16 +715,26 @@ class PostgresStore:
                 row = self._lease_row(conn, lease)
                 if not self._matches(row, lease):
                     raise StaleLease("the lease does not match the task's claim")
-                payload = None
-                snapshot = row.snapshot
-                if not snapshot.task.status.is_terminal and snapshot.work is not None:
-                    payload = self._payload(WakeupKind.RELEASED, row.task_id, snapshot.retry_at)
-                conn.execute(
-                    self._q.clear_claim,
-                    {"task_id": row.task_id, "channel": self._channel, "payload": payload},
-                )
+                self._clear_claim(conn, row.snapshot)
 
         await self._run(run)
+
+    def _clear_claim(self, conn: Conn, snapshot: Snapshot) -> None:
+        """Release the locked task's claim, waking other runners if work is left."""
+        conn.execute(
+            self._q.clear_claim,
+            {
+                "task_id": snapshot.task.id,
+                "channel": self._channel,
+                "payload": self._released_payload(snapshot),
+            },
+        )
+
+    def _released_payload(self, snapshot: Snapshot) -> str | None:
+        """The NOTIFY payload of a released claim: only an active task with work has any."""
+        if snapshot.task.status.is_terminal or snapshot.work is None:
+            return None
+        return self._payload(WakeupKind.RELEASED, snapshot.task.id, snapshot.retry_at)
 
     # -- transitions --------------------------------------------------------------------------
 
@@ -753,16 +742,36 @@ class PostgresStore:
         self, task_id: str, expected_revision: int, event: Event, authority: Authority
     ) -> Transition | Conflict | NotFound:
         self._opened()
-        if not isinstance(expected_revision, int) or isinstance(expected_revision, bool):
-            raise TypeError("expected_revision must be an int")
-        if expected_revision < 0:
-            raise ValueError("expected_revision must be >= 0")
-        if not isinstance(event, Event):
-            raise TypeError("transition needs an Event")
+        check_transition_arguments(expected_revision, event)
         event_json = canonical_json(event.to_json())
         return await self._run(
             functools.partial(
-                self._transition, task_id, expected_revision, event, event_json, authority
+                self._transition, task_id, expected_revision, event, event_json, authority, False
+            )
+        )
+
+    async def settle(
+        self, task_id: str, expected_revision: int, event: Event, lease: Lease
+    ) -> Transition | Conflict | NotFound:
+        """A worker's final event and the release of its claim in one transaction.
+
+        Wake-ups are those of the two separate steps: the event's own (``retry_scheduled``)
+        and, when the task still has work to do, the release's (``released``).
+        """
+        self._opened()
+        check_transition_arguments(expected_revision, event, "settle")
+        if event.kind not in SETTLE_KINDS:
+            raise UnauthorizedAction(f"settle cannot apply {event.kind.value}")
+        event_json = canonical_json(event.to_json())
+        return await self._run(
+            functools.partial(
+                self._transition,
+                task_id,
+                expected_revision,
+                event,
+                event_json,
+                WorkerAuthority(lease),
+                True,
             )
         )
 
@@ -773,8 +782,11 @@ class PostgresStore:
         event: Event,
         event_json: str,
         authority: Authority,
+        release: bool,
         conn: Conn,
     ) -> Transition | Conflict | NotFound:
+        """One transition in one transaction; with ``release`` (a settle) a ``Transition``
+        also clears the worker's claim, in the same write when the event applies."""
         with conn.transaction():
             row = self._lock(conn, task_id)
             if row is None:
@@ -790,7 +802,13 @@ class PostgresStore:
                 if not self._visible(row, task_id, authority.access, now, allowed):
                     return NOT_FOUND
             elif isinstance(authority, WorkerAuthority):
-                self._check_lease(row, authority.lease, now)
+                try:
+                    self._check_lease(row, authority.lease, now)
+                except StaleLease:
+                    # The resend of a settle that committed and released (no later claim).
+                    if release and self._released_by(row, authority.lease, seen, event_json):
+                        return self._replayed(row.snapshot, seen)
+                    raise
                 if event.kind not in WORKER_KINDS:
                     raise UnauthorizedAction(f"a worker lease cannot apply {event.kind.value}")
             else:
@@ -798,26 +816,19 @@ class PostgresStore:
 
             snapshot = row.snapshot
             if seen[1] is not None:
-                stored_event, revision, committed_at, stored_effects = seen[1:]
-                if stored_event != event_json:
+                if seen[1] != event_json:
                     raise EventIdReused(event.id)
-                try:
-                    effects = effects_from_json(json.loads(stored_effects))
-                except (CodecError, ValueError, TypeError) as exc:
-                    raise CorruptStore(task_id, f"undecodable ledger effects: {exc}") from exc
-                return Transition(
-                    outcome="duplicate",
-                    snapshot=snapshot,
-                    effects=effects,
-                    event_revision=int(revision),
-                    committed_at=int(committed_at),
-                )
+                if release:
+                    self._clear_claim(conn, snapshot)
+                return self._replayed(snapshot, seen)
             if snapshot.revision != expected_revision:
                 return Conflict(snapshot)
 
             committed_at = max(now, snapshot.task.last_updated_at + _COMMIT_STEP_US)
             outcome = apply(snapshot, event, committed_at)
             if outcome.kind == "unchanged":
+                if release:
+                    self._clear_claim(conn, snapshot)
                 return Transition(
                     outcome="unchanged",
                     snapshot=snapshot,
@@ -826,8 +837,11 @@ class PostgresStore:
                     committed_at=committed_at,
                 )
             new = outcome.snapshot
+            wakeups = [self._wakeup_for(event.kind, new)]
+            if release:
+                wakeups.append(self._released_payload(new))
             written = conn.execute(
-                self._q.write,
+                self._q.write_releasing if release else self._q.write,
                 {
                     "task_id": task_id,
                     "expected": snapshot.revision,
@@ -841,7 +855,7 @@ class PostgresStore:
                     "committed_at": committed_at,
                     "effects": canonical_json(effects_to_json(outcome.effects)),
                     "channel": self._channel,
-                    "payload": self._wakeup_for(event.kind, new),
+                    "payloads": [payload for payload in wakeups if payload is not None],
                 },
             ).fetchone()
             if written is None or written[0] != 1:
@@ -853,6 +867,37 @@ class PostgresStore:
                 event_revision=new.revision,
                 committed_at=committed_at,
             )
+
+    def _released_by(
+        self, row: _Row, lease: object, seen: tuple[Any, ...], event_json: str
+    ) -> bool:
+        """Whether ``lease``'s claim was released with no later claim made, after ``event``
+        was committed (``seen`` is its ledger row, if any)."""
+        return (
+            isinstance(lease, Lease)
+            and lease.store_id == self._store_id
+            and lease.task_id == row.task_id
+            and lease.epoch == 0
+            and row.claim_owner is None
+            and row.generation == lease.generation
+            and seen[1] == event_json
+        )
+
+    @staticmethod
+    def _replayed(snapshot: Snapshot, seen: tuple[Any, ...]) -> Transition:
+        """The original commit of an event id (``seen``: its ledger row), as a duplicate."""
+        _, _, revision, committed_at, stored_effects = seen
+        try:
+            effects = effects_from_json(json.loads(stored_effects))
+        except (CodecError, ValueError, TypeError) as exc:
+            raise CorruptStore(snapshot.task.id, f"undecodable ledger effects: {exc}") from exc
+        return Transition(
+            outcome="duplicate",
+            snapshot=snapshot,
+            effects=effects,
+            event_revision=int(revision),
+            committed_at=int(committed_at),
+        )
 
     def _wakeup_for(self, kind: EventKind, new: Snapshot) -> str | None:
         """The NOTIFY payload of an applied event, if other runners should hear of it."""
@@ -907,10 +952,7 @@ class PostgresStore:
         to continue; it is ``None`` on the last page.
         """
         self._opened()
-        if type(limit) is not int or not 1 <= limit <= MAX_AUDIT_PAGE:
-            raise ValueError(f"limit must be an int in 1..{MAX_AUDIT_PAGE}")
-        if after is not None and not isinstance(after, str):
-            raise TypeError("after must be a task id or None")
+        check_audit_page(limit, after)
 
         def run(conn: Conn) -> AuditPage:
             with conn.transaction():
@@ -1030,34 +1072,57 @@ class _Queries:
             " (SELECT count(*) FROM (SELECT 1 FROM {t} WHERE scope = %(scope)s"
             " AND status IN {active} LIMIT %(max_active)s) b)"
         )
-        self.insert = q(
-            "WITH n AS MATERIALIZED (SELECT {now} AS now),"
-            " i AS (INSERT INTO {t} (task_id, record, scope, revision, status, created_at_us,"
-            " expires_at_us, retry_at_us, claim_owner, claim_token, lease_generation,"
-            " claim_expires_at_us)"
-            " SELECT %(task_id)s, %(record)s::json, %(scope)s, 0, %(status)s, %(created_at)s,"
-            " %(expires_at)s, NULL, %(owner)s::text, %(token)s::uuid,"
-            " CASE WHEN %(owner)s::text IS NULL THEN 0 ELSE 1 END,"
-            " CASE WHEN %(owner)s::text IS NULL THEN NULL"
-            " ELSE LEAST(n.now::numeric + %(lease_us)s, " + str(_MAX_BIGINT) + ")::bigint END"
-            " FROM n ON CONFLICT (task_id) DO NOTHING RETURNING claim_expires_at_us),"
-            " nt AS (SELECT pg_notify(%(channel)s, %(payload)s::text) FROM i"
-            " WHERE %(payload)s::text IS NOT NULL)"
-            " SELECT (SELECT count(*) FROM i), (SELECT max(claim_expires_at_us) FROM i),"
-            " (SELECT count(*) FROM nt)"
+
+        def insert(record: str, created_at: str, expires_at: str, where: str = "") -> bytes:
+            return q(
+                "WITH n AS MATERIALIZED (SELECT {now} AS now),"
+                " i AS (INSERT INTO {t} (task_id, record, scope, revision, status, created_at_us,"
+                " expires_at_us, retry_at_us, claim_owner, claim_token, lease_generation,"
+                " claim_expires_at_us)"
+                f" SELECT %(task_id)s, {record}, %(scope)s, 0, %(status)s, {created_at},"
+                f" {expires_at}, NULL, %(owner)s::text, %(token)s::uuid,"
+                " CASE WHEN %(owner)s::text IS NULL THEN 0 ELSE 1 END,"
+                " CASE WHEN %(owner)s::text IS NULL THEN NULL"
+                f" ELSE LEAST(n.now::numeric + %(lease_us)s, {_MAX_BIGINT})::bigint END"
+                f" FROM n{where} ON CONFLICT (task_id) DO NOTHING"
+                " RETURNING created_at_us, claim_expires_at_us),"
+                " nt AS (SELECT pg_notify(%(channel)s, %(payload)s::text) FROM i"
+                " WHERE %(payload)s::text IS NOT NULL)"
+                " SELECT (SELECT count(*) FROM i), (SELECT max(claim_expires_at_us) FROM i),"
+                " (SELECT max(created_at_us) FROM i), (SELECT now FROM n),"
+                " (SELECT count(*) FROM nt)"
+            )
+
+        self.insert = insert("%(record)s::json", "%(created_at)s", "%(expires_at)s")
+        # Stamped: the record's pieces (see ``_stamp_pieces``) joined with the clock's instant
+        # in ``format_instant``'s text, the TTL counted from it.
+        self.insert_stamped = insert(
+            "array_to_string(%(record)s::text[], '\"' || " + _INSTANT_SQL + " || '\"')::json",
+            "n.now",
+            "CASE WHEN %(ttl_us)s::numeric IS NULL THEN NULL"
+            f" ELSE LEAST(n.now::numeric + %(ttl_us)s::numeric, {_MAX_BIGINT})::bigint END",
+            f" WHERE n.now BETWEEN 0 AND {MAX_INSTANT}",
         )
-        self.write = q(
-            "WITH u AS (UPDATE {t} SET record = %(record)s::json, revision = %(revision)s,"
-            " status = %(status)s, retry_at_us = %(retry_at)s, updated_at = clock_timestamp()"
-            " WHERE task_id = %(task_id)s AND revision = %(expected)s RETURNING task_id),"
-            " i AS (INSERT INTO {e} (task_id, event_id, event_kind, event, event_revision,"
-            " committed_at_us, effects) SELECT task_id, %(event_id)s, %(event_kind)s,"
-            " %(event)s::json, %(revision)s, %(committed_at)s, %(effects)s::json FROM u"
-            " RETURNING 1),"
-            " nt AS (SELECT pg_notify(%(channel)s, %(payload)s::text) FROM i"
-            " WHERE %(payload)s::text IS NOT NULL)"
-            " SELECT (SELECT count(*) FROM i), (SELECT count(*) FROM nt)"
-        )
+
+        def write(releasing: bool) -> bytes:
+            claim = "claim_owner = NULL, claim_token = NULL, claim_expires_at_us = NULL, "
+            return q(
+                "WITH u AS (UPDATE {t} SET record = %(record)s::json, revision = %(revision)s,"
+                " status = %(status)s, retry_at_us = %(retry_at)s, "
+                + (claim if releasing else "")
+                + "updated_at = clock_timestamp()"
+                " WHERE task_id = %(task_id)s AND revision = %(expected)s RETURNING task_id),"
+                " i AS (INSERT INTO {e} (task_id, event_id, event_kind, event, event_revision,"
+                " committed_at_us, effects) SELECT task_id, %(event_id)s, %(event_kind)s,"
+                " %(event)s::json, %(revision)s, %(committed_at)s, %(effects)s::json FROM u"
+                " RETURNING 1),"
+                " nt AS (SELECT pg_notify(%(channel)s, p.payload) FROM i,"
+                " unnest(%(payloads)s::text[]) AS p(payload))"
+                " SELECT (SELECT count(*) FROM i), (SELECT count(*) FROM nt)"
+            )
+
+        self.write = write(releasing=False)
+        self.write_releasing = write(releasing=True)
         self.reap_select = q(
             "WITH n AS MATERIALIZED (SELECT {now} AS now)"
             " SELECT " + cols + " FROM {t} t, n WHERE t.expires_at_us <= n.now"

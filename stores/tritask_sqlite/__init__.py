@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from tritask.tasks.store import AuditFinding as AuditFinding
+from tritask.tasks.store import AuditPage as AuditPage
+from tritask.tasks.store import LedgerEntry as LedgerEntry
 from tritask_sqlite.schema import SCHEMA_VERSION as SCHEMA_VERSION
 from tritask_sqlite.schema import StoreSchemaError as StoreSchemaError
-from tritask_sqlite.store import AuditFinding as AuditFinding
-from tritask_sqlite.store import AuditPage as AuditPage
-from tritask_sqlite.store import LedgerEntry as LedgerEntry
 from tritask_sqlite.store import SqliteStore as SqliteStore
 from tritask_sqlite.store import StoreLocked as StoreLocked
 

@@ -63,7 +63,7 @@ import outcome
 import trio
 
 from tritask.tasks._time import MAX_INSTANT, Clock, format_instant
-from tritask.tasks.events import Effects, Event, effects_from_json, effects_to_json
+from tritask.tasks.events import Event, effects_to_json
 from tritask.tasks.model import (
     CorruptRecord,
     Snapshot,
@@ -82,6 +82,8 @@ from tritask.tasks.store import (
     Access,
     Action,
     AlreadyExists,
+    AuditFinding,
+    AuditPage,
     Authority,
     CapacityExceeded,
     Claimed,
@@ -92,6 +94,7 @@ from tritask.tasks.store import (
     EventIdReused,
     InvalidTask,
     Lease,
+    LedgerEntry,
     NotFound,
     RequestAuthority,
     Scope,
@@ -101,8 +104,16 @@ from tritask.tasks.store import (
     UnauthorizedAction,
     Unavailable,
     WorkerAuthority,
+    check_audit_page,
+    check_create_access,
+    check_limit,
+    check_owner,
+    check_positive_int,
+    check_positive_ms,
+    check_transition_arguments,
+    decode_ledger,
+    new_access,
     require_scope,
-    resolve_scope,
 )
 from tritask.tasks.work import JSONObject, Work, canonical_json
 from tritask_sqlite import schema
@@ -112,7 +123,6 @@ __all__ = ["AuditFinding", "AuditPage", "LedgerEntry", "SqliteStore", "StoreLock
 T = TypeVar("T")
 
 RECORD_VERSION: Final = 3
-MAX_AUDIT_PAGE: Final = 10_000
 _COMMIT_STEP_US = 1000
 _READ_ACTIONS = frozenset({Action.GET, Action.UPDATE, Action.CANCEL})
 _SYNCHRONOUS = ("NORMAL", "FULL", "EXTRA")
@@ -143,31 +153,6 @@ _CLEAR_CLAIM = (
 
 class StoreLocked(StoreError):
     """Another process holds the store file's lock in a conflicting mode."""
-
-
-@attrs.frozen(kw_only=True)
-class LedgerEntry:
-    """One applied event as the ledger recorded it."""
-
-    event: Event
-    revision: int
-    committed_at: int
-    effects: Effects
-
-
-@attrs.frozen(kw_only=True)
-class AuditFinding:
-    task_id: str
-    reason: str
-
-
-@attrs.frozen(kw_only=True)
-class AuditPage:
-    """One page of :meth:`SqliteStore.audit`: the ids checked, what failed, the next cursor."""
-
-    checked: tuple[str, ...]
-    findings: tuple[AuditFinding, ...]
-    next_after: str | None
 
 
 @attrs.frozen
@@ -283,22 +268,6 @@ def _instant(now: object) -> int:
     return now
 
 
-def _positive_int(value: object, name: str) -> int:
-    if type(value) is not int or value <= 0:
-        raise ValueError(f"{name} must be a positive int")
-    return value
-
-
-def _limit(value: object, name: str) -> int | None:
-    return None if value is None else _positive_int(value, f"{name} (or None for unlimited)")
-
-
-def _owner(value: object) -> str:
-    if not isinstance(value, str) or not value:
-        raise ValueError("owner_id must be a non-empty string")
-    return value
-
-
 def _database_path(path: str | os.PathLike[str]) -> str:
     text = os.fspath(path)
     if not isinstance(text, str):
@@ -401,10 +370,10 @@ class SqliteStore:
                 "committed claims and results on power loss)"
             )
         self._synchronous = synchronous.upper()
-        self._busy_timeout_ms = _positive_int(busy_timeout_ms, "busy_timeout_ms")
-        self._max_tasks = _limit(max_tasks, "max_tasks")
-        self._max_active = _limit(max_active_tasks_per_scope, "max_active_tasks_per_scope")
-        self._reap_batch = _positive_int(reap_batch_size, "reap_batch_size")
+        self._busy_timeout_ms = check_positive_int(busy_timeout_ms, "busy_timeout_ms")
+        self._max_tasks = check_limit(max_tasks, "max_tasks")
+        self._max_active = check_limit(max_active_tasks_per_scope, "max_active_tasks_per_scope")
+        self._reap_batch = check_positive_int(reap_batch_size, "reap_batch_size")
         self._lock = trio.Lock()
         self._state: Literal["new", "open", "closed"] = "new"
         self._conn: sqlite3.Connection | None = None
@@ -648,49 +617,12 @@ class SqliteStore:
 
     def _ledger(self, conn: sqlite3.Connection, row: _Row) -> list[LedgerEntry]:
         """The task's whole ledger, validated against itself and the record."""
-        task = row.snapshot.task
         rows = conn.execute(
             "SELECT event_id, row_format, event, event_kind, event_revision, committed_at_us,"
             " effects FROM tritask_task_events WHERE task_id = ? ORDER BY event_revision",
-            (task.id,),
+            (row.snapshot.task.id,),
         ).fetchall()
-        entries: list[LedgerEntry] = []
-        previous = task.created_at
-        try:
-            for expected, (
-                event_id,
-                row_format,
-                event_text,
-                kind,
-                revision,
-                at,
-                effects,
-            ) in enumerate(rows, 1):
-                if row_format != 1 or not _same(revision, expected):
-                    raise CorruptRecord(f"ledger row {expected} has the wrong format or revision")
-                event = Event.from_json(json.loads(event_text))
-                if event.id != event_id or event.kind.value != kind:
-                    raise CorruptRecord(f"ledger row {expected} disagrees with its event")
-                if type(at) is not int or at <= previous:
-                    raise CorruptRecord("ledger commit times do not strictly increase")
-                previous = at
-                entries.append(
-                    LedgerEntry(
-                        event=event,
-                        revision=revision,
-                        committed_at=at,
-                        effects=effects_from_json(json.loads(effects)),
-                    )
-                )
-            if len(entries) != row.snapshot.revision:
-                raise CorruptRecord(
-                    f"the ledger holds {len(entries)} events for revision {row.snapshot.revision}"
-                )
-            if entries and entries[-1].committed_at != task.last_updated_at:
-                raise CorruptRecord("the last ledger commit time is not lastUpdatedAt")
-        except (ValueError, TypeError) as exc:
-            raise CorruptStore(task.id, f"ledger: {exc}") from exc
-        return entries
+        return decode_ledger(row.snapshot, rows)
 
     def _visible(
         self, row: _Row | None, task_id: str, access: Access, now: int, allowed: frozenset[Action]
@@ -728,11 +660,7 @@ class SqliteStore:
     async def authorize(self, ctx: object, action: Action, task_id: str) -> Access:
         await trio.lowlevel.checkpoint()
         self._ensure_open()
-        action = Action(action)
-        if not isinstance(task_id, str) or not task_id:
-            raise ValueError("a non-empty task id is required")
-        scope = resolve_scope(self._scope, ctx)
-        return Access(store_id=self._id, action=action, task_id=task_id, scope=scope)
+        return new_access(self._id, self._scope, ctx, action, task_id)
 
     async def create(self, task: Task, work: Work, access: Access) -> Snapshot:
         insert = self._inserter(task, work, access)
@@ -755,7 +683,7 @@ class SqliteStore:
     async def _create_claimed(
         self, task: Task, work: Work, access: Access, owner_id: str, lease_ms: int, *, stamp: bool
     ) -> Claimed:
-        claim = (_owner(owner_id), _positive_int(lease_ms, "lease_ms"))
+        claim = (check_owner(owner_id), check_positive_ms(lease_ms, "lease_ms"))
         insert = self._inserter(task, work, access, stamp=stamp, claim=claim)
         created_at, lease = await self._transact(insert.body, write=True, single=insert.single)
         assert lease is not None
@@ -778,14 +706,7 @@ class SqliteStore:
         Without limits to check first it is a single statement (``single``).
         """
         self._ensure_open()
-        if not isinstance(access, Access):
-            raise TypeError("create needs an Access from authorize()")
-        if (
-            access.store_id != self._id
-            or access.action is not Action.CREATE
-            or access.task_id != getattr(task, "id", None)
-        ):
-            raise UnauthorizedAction("create needs a create access for this task from this store")
+        check_create_access(access, self._id, task)
         snapshot, document = _new_record(task, work)  # refuses an invalid task
         scope = _scope_text(access.scope)
         limited = self._max_tasks is not None or self._max_active is not None
@@ -942,7 +863,7 @@ class SqliteStore:
         self, task_id: str, owner_id: str, lease_ms: int
     ) -> Claimed | Deferred | Unavailable | NotFound:
         self._ensure_open()
-        owner_id, lease_ms = _owner(owner_id), _positive_int(lease_ms, "lease_ms")
+        owner_id, lease_ms = check_owner(owner_id), check_positive_ms(lease_ms, "lease_ms")
 
         def body(conn: sqlite3.Connection, now: int) -> Claimed | Deferred | Unavailable | NotFound:
             row = self._load(conn, task_id)
@@ -960,7 +881,7 @@ class SqliteStore:
         holds the single write slot, so the oldest available task is taken.
         """
         self._ensure_open()
-        owner_id, lease_ms = _owner(owner_id), _positive_int(lease_ms, "lease_ms")
+        owner_id, lease_ms = check_owner(owner_id), check_positive_ms(lease_ms, "lease_ms")
 
         def body(conn: sqlite3.Connection, now: int) -> Claimed | None:
             cursor = conn.execute(
@@ -987,7 +908,7 @@ class SqliteStore:
     async def renew(self, lease: Lease, lease_ms: int) -> Lease:
         """Extend a live claim; a fresh token makes the old value stale even at the same instant."""
         self._ensure_open()
-        lease_ms = _positive_int(lease_ms, "lease_ms")
+        lease_ms = check_positive_ms(lease_ms, "lease_ms")
 
         def body(conn: sqlite3.Connection, now: int) -> Lease:
             row = self._lease_row(conn, lease)
@@ -1019,12 +940,7 @@ class SqliteStore:
         self, task_id: str, expected_revision: int, event: Event, authority: Authority
     ) -> Transition | Conflict | NotFound:
         self._ensure_open()
-        if type(expected_revision) is not int:
-            raise TypeError("expected_revision must be an int")
-        if expected_revision < 0:
-            raise ValueError("expected_revision must be >= 0")
-        if not isinstance(event, Event):
-            raise TypeError("transition needs an Event")
+        check_transition_arguments(expected_revision, event)
         if isinstance(authority, RequestAuthority):
             if not isinstance(authority.access, Access):
                 raise TypeError("request authority needs an Access from authorize()")
@@ -1062,12 +978,7 @@ class SqliteStore:
     ) -> Transition | Conflict | NotFound:
         """A worker's final event and the release of its claim in one IMMEDIATE transaction."""
         self._ensure_open()
-        if type(expected_revision) is not int:
-            raise TypeError("expected_revision must be an int")
-        if expected_revision < 0:
-            raise ValueError("expected_revision must be >= 0")
-        if not isinstance(event, Event):
-            raise TypeError("settle needs an Event")
+        check_transition_arguments(expected_revision, event, "settle")
         if event.kind not in SETTLE_KINDS:
             raise UnauthorizedAction(f"settle cannot apply {event.kind.value}")
         event_json, event_text = _event_texts(event)
@@ -1265,10 +1176,7 @@ class SqliteStore:
         Pass ``next_after`` back as ``after`` to continue; it is ``None`` on the last page.
         """
         self._ensure_open()
-        if type(limit) is not int or not 1 <= limit <= MAX_AUDIT_PAGE:
-            raise ValueError(f"limit must be an int in 1..{MAX_AUDIT_PAGE}")
-        if after is not None and not isinstance(after, str):
-            raise TypeError("after must be a task id or None")
+        check_audit_page(limit, after)
 
         def body(conn: sqlite3.Connection, now: int) -> AuditPage:
             raws = conn.execute(

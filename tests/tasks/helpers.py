@@ -226,7 +226,7 @@ class Env:
         return snapshot
 
     def history_kinds(self, task_id: str) -> list[str]:
-        return [event.kind.value for event, _, _ in self.memory.history(task_id)]
+        return [entry.event.kind.value for entry in self.memory.history(task_id)]
 
     def named(self, name: str) -> list[tuple[dict[str, float | int], dict[str, Any]]]:
         return self.events.named(name)

@@ -16,6 +16,7 @@ from tritask.tasks.store import (
     Claimed,
     Deferred,
     EventIdReused,
+    LedgerEntry,
     RequestAuthority,
     Scope,
     Store,
@@ -189,17 +190,21 @@ async def test_history_is_the_applied_ledger() -> None:
     done = Event.completed({"content": []}, id="e3")
     update = RequestAuthority(await store.authorize(None, Action.UPDATE, "t"))
     cancel = RequestAuthority(await store.authorize(None, Action.CANCEL, "t"))
-    await store.transition("t", 0, ask, worker)
-    await store.transition("t", 1, answer, update)
+    asked = await store.transition("t", 0, ask, worker)
+    answered = await store.transition("t", 1, answer, update)
     await store.transition("t", 0, Event.cancelled(), cancel)  # conflict: not recorded
-    await store.transition("t", 2, done, worker)
+    completed = await store.transition("t", 2, done, worker)
     await store.transition("t", 3, Event.cancelled(), cancel)  # unchanged: not recorded
     await store.transition("t", 0, done, worker)  # duplicate: not recorded again
+    assert isinstance(asked, Transition)
+    assert isinstance(answered, Transition)
+    assert isinstance(completed, Transition)
     assert store.history("t") == [
-        (ask, 1, START + 1000),
-        (answer, 2, START + 2000),
-        (done, 3, START + 3000),
+        LedgerEntry(event=ask, revision=1, committed_at=START + 1000, effects=asked.effects),
+        LedgerEntry(event=answer, revision=2, committed_at=START + 2000, effects=answered.effects),
+        LedgerEntry(event=done, revision=3, committed_at=START + 3000, effects=completed.effects),
     ]
+    assert store.history("t")[1].effects.accepted_input_responses == {"k": {"ok": True}}
     clock.advance(5000)
     assert await store.reap() == ["t"]
     assert store.history("t") == []
@@ -224,7 +229,7 @@ async def test_caller_mutation_cannot_change_stored_state() -> None:
     stored = await store.get("t", await store.authorize(None, Action.GET, "t"))
     assert isinstance(stored, Snapshot)
     assert stored.task.result == {"content": [{"type": "text", "text": "hi"}]}
-    assert store.history("t")[0][0].data == {
+    assert store.history("t")[0].event.data == {
         "result": {"content": [{"type": "text", "text": "hi"}]}
     }
     replay = await store.transition(

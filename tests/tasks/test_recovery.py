@@ -119,7 +119,7 @@ async def snapshot_of(store: Store, task_id: str) -> Snapshot:
 
 
 def kinds(store: MemoryStore, task_id: str) -> list[str]:
-    return [event.kind.value for event, _, _ in store.history(task_id)]
+    return [entry.event.kind.value for entry in store.history(task_id)]
 
 
 async def start_killable(nursery: trio.Nursery, runner: Runner) -> trio.CancelScope:

@@ -84,7 +84,7 @@ async def snapshot_of(store: Any, task_id: str) -> Snapshot:
 
 
 def kinds(store: MemoryStore, task_id: str) -> list[str]:
-    return [event.kind.value for event, _, _ in store.history(task_id)]
+    return [entry.event.kind.value for entry in store.history(task_id)]
 
 
 def attempt_times(executor: ScriptedExecutor, times: list[float]) -> list[float]:

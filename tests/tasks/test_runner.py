@@ -757,7 +757,7 @@ async def test_retries_follow_the_store_deadline_exactly_then_exhaust(
             2_000,
             2_000,
         ]
-        assert [kind for kind in (e.kind.value for e, _, _ in store.history("exhausts"))] == [
+        assert [kind for kind in (e.event.kind.value for e in store.history("exhausts"))] == [
             "retry_requested",
             "retry_requested",
             "retry_requested",
@@ -800,5 +800,5 @@ async def test_cancel_reaches_work_in_a_thread_through_the_token() -> None:
         assert seen == ["cancelled"]  # cancel returned only after the thread saw the flag
         assert isinstance(result, Snapshot) and result.task.status == "cancelled"
     assert [md["outcome"] for _, md in events.named(ins.JOB_STOP)] == ["cancelled"]
-    assert store.history("threaded")[-1][0].kind is EventKind.CANCELLED
+    assert store.history("threaded")[-1].event.kind is EventKind.CANCELLED
     assert len(store.history("threaded")) == 1

@@ -186,7 +186,7 @@ async def test_a_work_builder_persists_only_its_projection_in_the_memory_store(
     }
     stored = [
         json.dumps(snapshot_to_json(snapshot)),
-        *(json.dumps(event.to_json()) for event, _, _ in env.memory.history(task_id)),
+        *(json.dumps(entry.event.to_json()) for entry in env.memory.history(task_id)),
         repr(env.events.events),
     ]
     for text in stored:

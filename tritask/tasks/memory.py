@@ -46,6 +46,7 @@ from tritask.tasks.store import (
     EventIdReused,
     InvalidTask,
     Lease,
+    LedgerEntry,
     NotFound,
     RequestAuthority,
     Scope,
@@ -54,8 +55,13 @@ from tritask.tasks.store import (
     UnauthorizedAction,
     Unavailable,
     WorkerAuthority,
+    check_create_access,
+    check_limit,
+    check_owner,
+    check_positive_ms,
+    check_transition_arguments,
+    new_access,
     require_scope,
-    resolve_scope,
 )
 from tritask.tasks.work import Work, canonical_json
 
@@ -63,37 +69,6 @@ __all__ = ["MemoryStore", "open_memory_store"]
 
 _COMMIT_STEP_US = 1000
 _READ_ACTIONS = frozenset({Action.GET, Action.UPDATE, Action.CANCEL})
-
-
-def _limit(value: object, name: str) -> int | None:
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name} must be a positive int or None (unlimited)")
-    if value <= 0:
-        raise ValueError(f"{name} must be a positive int or None (unlimited)")
-    return value
-
-
-def _positive_ms(value: object, name: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{name} must be a positive int of milliseconds")
-    return value
-
-
-def _owner(value: object) -> str:
-    if not isinstance(value, str) or not value:
-        raise ValueError("owner_id must be a non-empty string")
-    return value
-
-
-def _check_transition_arguments(expected_revision: object, event: object) -> None:
-    if not isinstance(expected_revision, int) or isinstance(expected_revision, bool):
-        raise TypeError("expected_revision must be an int")
-    if expected_revision < 0:
-        raise ValueError("expected_revision must be >= 0")
-    if not isinstance(event, Event):
-        raise TypeError("transition needs an Event")
 
 
 def _stamped(task: Task, now: int) -> Task:
@@ -130,7 +105,7 @@ class _Entry:
     generation: int = 0
     sched: int = 0
     seen: dict[str, _Seen] = attrs.field(factory=dict)
-    history: list[tuple[Event, int, int]] = attrs.field(factory=list)
+    history: list[LedgerEntry] = attrs.field(factory=list)
 
     @property
     def active(self) -> bool:
@@ -159,8 +134,8 @@ class MemoryStore:
         if not callable(clock):
             raise TypeError("clock must be a zero-argument callable returning µs")
         self._clock = clock
-        self._max_tasks = _limit(max_tasks, "max_tasks")
-        self._max_active = _limit(max_active_tasks_per_scope, "max_active_tasks_per_scope")
+        self._max_tasks = check_limit(max_tasks, "max_tasks")
+        self._max_active = check_limit(max_active_tasks_per_scope, "max_active_tasks_per_scope")
         self._id = secrets.token_urlsafe(16)
         self._entries: dict[str, _Entry] = {}
         self._active: dict[str, int] = {}
@@ -207,11 +182,7 @@ class MemoryStore:
 
     async def authorize(self, ctx: object, action: Action, task_id: str) -> Access:
         await self._enter()
-        action = Action(action)
-        if not isinstance(task_id, str) or not task_id:
-            raise ValueError("a non-empty task id is required")
-        scope = resolve_scope(self._scope, ctx)
-        return Access(store_id=self._id, action=action, task_id=task_id, scope=scope)
+        return new_access(self._id, self._scope, ctx, action, task_id)
 
     async def create(self, task: Task, work: Work, access: Access) -> Snapshot:
         now = await self._enter()
@@ -222,7 +193,7 @@ class MemoryStore:
     ) -> Claimed:
         """``create`` and ``claim`` in one atomic step (no runner can adopt it in between)."""
         now = await self._enter()
-        owner_id, lease_ms = _owner(owner_id), _positive_ms(lease_ms, "lease_ms")
+        owner_id, lease_ms = check_owner(owner_id), check_positive_ms(lease_ms, "lease_ms")
         return self._grant(self._insert(task, work, access, now), owner_id, lease_ms, now)
 
     async def create_claimed_stamped(
@@ -230,20 +201,13 @@ class MemoryStore:
     ) -> Claimed:
         """``create_claimed`` with ``createdAt``/``lastUpdatedAt`` read from the store's clock."""
         now = await self._enter()
-        owner_id, lease_ms = _owner(owner_id), _positive_ms(lease_ms, "lease_ms")
+        owner_id, lease_ms = check_owner(owner_id), check_positive_ms(lease_ms, "lease_ms")
         return self._grant(
             self._insert(_stamped(task, now), work, access, now), owner_id, lease_ms, now
         )
 
     def _insert(self, task: Task, work: Work, access: Access, now: int) -> _Entry:
-        if not isinstance(access, Access):
-            raise TypeError("create needs an Access from authorize()")
-        if (
-            access.store_id != self._id
-            or access.action is not Action.CREATE
-            or access.task_id != getattr(task, "id", None)
-        ):
-            raise UnauthorizedAction("create needs a create access for this task from this store")
+        check_create_access(access, self._id, task)
         try:
             snapshot = _copy_snapshot(initial_snapshot(task, work))
         except (CorruptRecord, TypeError, ValueError) as exc:
@@ -330,7 +294,7 @@ class MemoryStore:
         self, task_id: str, owner_id: str, lease_ms: int
     ) -> Claimed | Deferred | Unavailable | NotFound:
         now = await self._enter()
-        owner_id, lease_ms = _owner(owner_id), _positive_ms(lease_ms, "lease_ms")
+        owner_id, lease_ms = check_owner(owner_id), check_positive_ms(lease_ms, "lease_ms")
         entry = self._entries.get(task_id)
         if entry is None:
             return NOT_FOUND
@@ -339,7 +303,7 @@ class MemoryStore:
 
     async def claim_next(self, owner_id: str, lease_ms: int) -> Claimed | None:
         now = await self._enter()
-        owner_id, lease_ms = _owner(owner_id), _positive_ms(lease_ms, "lease_ms")
+        owner_id, lease_ms = check_owner(owner_id), check_positive_ms(lease_ms, "lease_ms")
         while self._timed and self._timed[0][0] <= now:
             _, task_id, serial, sched = heapq.heappop(self._timed)
             entry = self._live(task_id, serial, sched)
@@ -358,7 +322,7 @@ class MemoryStore:
 
     async def renew(self, lease: Lease, lease_ms: int) -> Lease:
         now = await self._enter()
-        lease_ms = _positive_ms(lease_ms, "lease_ms")
+        lease_ms = check_positive_ms(lease_ms, "lease_ms")
         entry = self._lease_entry(lease)
         self._check_lease(entry, lease, now)
         # A fresh token too: the old value must go stale even if the expiry happens to repeat.
@@ -391,7 +355,7 @@ class MemoryStore:
         self, task_id: str, expected_revision: int, event: Event, authority: Authority
     ) -> Transition | Conflict | NotFound:
         now = await self._enter()
-        _check_transition_arguments(expected_revision, event)
+        check_transition_arguments(expected_revision, event)
         entry = self._entries.get(task_id)
         if entry is None:
             return NOT_FOUND
@@ -412,7 +376,7 @@ class MemoryStore:
     ) -> Transition | Conflict | NotFound:
         """A worker's final event and the release of its claim in one atomic step."""
         now = await self._enter()
-        _check_transition_arguments(expected_revision, event)
+        check_transition_arguments(expected_revision, event)
         entry = self._entries.get(task_id)
         if entry is None:
             return NOT_FOUND
@@ -482,7 +446,14 @@ class MemoryStore:
         was_active = entry.active
         entry.snapshot = outcome.snapshot
         revision = outcome.snapshot.revision
-        entry.history.append((attrs.evolve(event), revision, committed_at))
+        entry.history.append(
+            LedgerEntry(
+                event=attrs.evolve(event),
+                revision=revision,
+                committed_at=committed_at,
+                effects=outcome.effects,
+            )
+        )
         entry.seen[event.id] = _Seen(event_json, revision, committed_at, outcome.effects)
         if was_active and not entry.active:
             self._deactivate(entry.scope)
@@ -513,15 +484,19 @@ class MemoryStore:
 
     # -- audit --------------------------------------------------------------------------------
 
-    def history(self, task_id: str) -> list[tuple[Event, int, int]]:
-        """The applied events of a live task as ``(event, revision, committed_at)``, in order.
+    def history(self, task_id: str) -> list[LedgerEntry]:
+        """The ledger of a live task (every applied event with its revision, commit time and
+        effects), in revision order: the SQL stores' ``history``, without awaiting.
 
         Unknown and reaped tasks have no history (reaping deletes the whole aggregate).
         """
         entry = self._entries.get(task_id)
         if entry is None:
             return []
-        return [(attrs.evolve(event), rev, at) for event, rev, at in entry.history]
+        return [
+            attrs.evolve(item, event=attrs.evolve(item.event), effects=attrs.evolve(item.effects))
+            for item in entry.history
+        ]
 
     # -- scheduling ---------------------------------------------------------------------------
 

@@ -22,7 +22,8 @@ reaping is the only physical deletion.
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncGenerator, Callable
+import json
+from collections.abc import AsyncGenerator, Callable, Iterable
 from types import TracebackType
 from typing import (
     Any,
@@ -37,12 +38,13 @@ from typing import (
 
 import attrs
 
-from tritask.tasks.events import Effects, Event, EventKind
-from tritask.tasks.model import Snapshot, Task
+from tritask.tasks.events import Effects, Event, EventKind, effects_from_json
+from tritask.tasks.model import CorruptRecord, Snapshot, Task
 from tritask.tasks.reducer import DuplicateInputKey
 from tritask.tasks.work import InvalidJSON, Work, canonical_json
 
 __all__ = [
+    "MAX_AUDIT_PAGE",
     "NOT_FOUND",
     "REQUEST_KINDS",
     "SETTLE_KINDS",
@@ -52,6 +54,8 @@ __all__ = [
     "Access",
     "Action",
     "AlreadyExists",
+    "AuditFinding",
+    "AuditPage",
     "Authority",
     "CapacityExceeded",
     "Claimed",
@@ -66,6 +70,7 @@ __all__ = [
     "InvalidScope",
     "InvalidTask",
     "Lease",
+    "LedgerEntry",
     "NotFound",
     "RequestAuthority",
     "Scope",
@@ -79,6 +84,15 @@ __all__ = [
     "UnauthorizedAction",
     "Unavailable",
     "WorkerAuthority",
+    "check_audit_page",
+    "check_create_access",
+    "check_limit",
+    "check_owner",
+    "check_positive_int",
+    "check_positive_ms",
+    "check_transition_arguments",
+    "decode_ledger",
+    "new_access",
     "require_scope",
     "resolve_scope",
     "settles",
@@ -114,6 +128,8 @@ WORKER_KINDS: Final = frozenset(
 )
 SETTLE_KINDS: Final = frozenset({EventKind.RETRY_REQUESTED, EventKind.COMPLETED, EventKind.FAILED})
 """The worker events that end an attempt, the only ones :class:`Settles` accepts."""
+MAX_AUDIT_PAGE: Final = 10_000
+"""The largest page a durable store's ``audit(limit=...)`` checks in one call."""
 
 
 # -- errors -------------------------------------------------------------------------------------
@@ -276,6 +292,32 @@ NOT_FOUND: Final = NotFound.NOT_FOUND
 UNAVAILABLE: Final = Unavailable.UNAVAILABLE
 
 
+@attrs.frozen(kw_only=True)
+class LedgerEntry:
+    """One applied event as the ledger recorded it (a store's ``history(task_id)``)."""
+
+    event: Event
+    revision: int
+    committed_at: int
+    effects: Effects
+
+
+@attrs.frozen(kw_only=True)
+class AuditFinding:
+    task_id: str
+    reason: str
+
+
+@attrs.frozen(kw_only=True)
+class AuditPage:
+    """One page of a durable store's ``audit()``: the ids checked, what failed, the next
+    cursor (``None`` on the last page)."""
+
+    checked: tuple[str, ...]
+    findings: tuple[AuditFinding, ...]
+    next_after: str | None
+
+
 # -- scope helpers ------------------------------------------------------------------------------
 
 
@@ -306,6 +348,123 @@ def resolve_scope(scope: Scope, ctx: object) -> str:
         return canonical_json(value)
     except InvalidJSON as exc:
         raise InvalidScope(f"the scope function returned a non-JSON value: {exc}") from None
+
+
+def new_access(store_id: str, scope: Scope, ctx: object, action: Action, task_id: str) -> Access:
+    """``authorize``'s answer: ``ctx``'s scope key for one action on one (non-empty) task id."""
+    action = Action(action)
+    if not isinstance(task_id, str) or not task_id:
+        raise ValueError("a non-empty task id is required")
+    return Access(
+        store_id=store_id, action=action, task_id=task_id, scope=resolve_scope(scope, ctx)
+    )
+
+
+# -- argument checks shared by the stores --------------------------------------------------------
+
+
+def check_limit(value: object, name: str) -> int | None:
+    """A capacity limit option: a positive int, or ``None`` for unlimited."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be a positive int or None (unlimited)")
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive int or None (unlimited)")
+    return value
+
+
+def check_positive_int(value: object, name: str, *, unit: str = "") -> int:
+    """A positive int (``unit`` completes the message, e.g. ``" of seconds"``)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive int{unit}")
+    return value
+
+
+def check_positive_ms(value: object, name: str) -> int:
+    """A positive duration in milliseconds (``lease_ms`` and the stores' timeouts)."""
+    return check_positive_int(value, name, unit=" of milliseconds")
+
+
+def check_owner(value: object) -> str:
+    """A claim's ``owner_id``: a non-empty string."""
+    if not isinstance(value, str) or not value:
+        raise ValueError("owner_id must be a non-empty string")
+    return value
+
+
+def check_create_access(access: object, store_id: str, task: object) -> Access:
+    """What every ``create`` checks first: a create access, from this store, for this task."""
+    if not isinstance(access, Access):
+        raise TypeError("create needs an Access from authorize()")
+    if (
+        access.store_id != store_id
+        or access.action is not Action.CREATE
+        or access.task_id != getattr(task, "id", None)
+    ):
+        raise UnauthorizedAction("create needs a create access for this task from this store")
+    return access
+
+
+def check_audit_page(limit: object, after: object) -> None:
+    """The arguments of a durable store's ``audit(limit=..., after=...)``."""
+    if type(limit) is not int or not 1 <= limit <= MAX_AUDIT_PAGE:
+        raise ValueError(f"limit must be an int in 1..{MAX_AUDIT_PAGE}")
+    if after is not None and not isinstance(after, str):
+        raise TypeError("after must be a task id or None")
+
+
+def check_transition_arguments(
+    expected_revision: object, event: object, operation: str = "transition"
+) -> None:
+    """The arguments every ``transition`` (and ``settle``) checks before touching the store."""
+    if not isinstance(expected_revision, int) or isinstance(expected_revision, bool):
+        raise TypeError("expected_revision must be an int")
+    if expected_revision < 0:
+        raise ValueError("expected_revision must be >= 0")
+    if not isinstance(event, Event):
+        raise TypeError(f"{operation} needs an Event")
+
+
+def decode_ledger(snapshot: Snapshot, rows: Iterable[tuple[Any, ...]]) -> list[LedgerEntry]:
+    """A persisted ledger decoded and validated against itself and the task's record.
+
+    For stores that keep each applied event as a row of ``(event_id, row_format, event JSON
+    text, event_kind, revision, committed_at, effects JSON text)``, in revision order. Any
+    disagreement raises :class:`CorruptStore` (nothing is repaired).
+    """
+    task = snapshot.task
+    entries: list[LedgerEntry] = []
+    previous = task.created_at
+    try:
+        for expected, (event_id, row_format, text, kind, revision, at, effects) in enumerate(
+            rows, 1
+        ):
+            if row_format != 1 or type(revision) is not int or revision != expected:
+                raise CorruptRecord(f"ledger row {expected} has the wrong format or revision")
+            event = Event.from_json(json.loads(text))
+            if event.id != event_id or event.kind.value != kind:
+                raise CorruptRecord(f"ledger row {expected} disagrees with its event")
+            if type(at) is not int or at <= previous:
+                raise CorruptRecord("ledger commit times do not strictly increase")
+            previous = at
+            entries.append(
+                LedgerEntry(
+                    event=event,
+                    revision=revision,
+                    committed_at=at,
+                    effects=effects_from_json(json.loads(effects)),
+                )
+            )
+        if len(entries) != snapshot.revision:
+            raise CorruptRecord(
+                f"the ledger holds {len(entries)} events for revision {snapshot.revision}"
+            )
+        if entries and entries[-1].committed_at != task.last_updated_at:
+            raise CorruptRecord("the last ledger commit time is not lastUpdatedAt")
+    except (ValueError, TypeError) as exc:  # CorruptRecord and CodecError are ValueErrors
+        raise CorruptStore(task.id, f"ledger: {exc}") from exc
+    return entries
 
 
 # -- optional capabilities --------------------------------------------------------------------
