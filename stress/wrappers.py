@@ -2,13 +2,19 @@
 
 They wrap any :class:`~tritask.tasks.store.Store` through the protocol only, so the same
 workloads run unchanged on the memory, SQLite and PostgreSQL stores.
+
+The optional capabilities runners detect on the store's *class* (``settle``,
+``create_claimed_stamped``) are offered by a wrapper exactly when its inner store offers them:
+constructing a wrapper picks (and caches) a subclass of it with those methods mixed in. A
+wrapper changes what they do by overriding the hooks ``_settle`` and
+``_create_claimed_stamped``, never the public names (that would offer them unconditionally).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, ClassVar, Self, cast
 
 import trio
 
@@ -26,14 +32,57 @@ from tritask.tasks.store import (
     Store,
     Transition,
     Unavailable,
+    WorkerAuthority,
+    settles,
+    stamps_creation,
 )
 from tritask.tasks.work import Work
 
 __all__ = ["FAULTS", "ConflictRetryingStore", "CountingStore", "PartitionedStore", "StoreProxy"]
 
 
+class _Settling:
+    """Mixed into a wrapper whose inner store offers ``settle``."""
+
+    async def settle(
+        self, task_id: str, expected_revision: int, event: Event, lease: Lease
+    ) -> Transition | Conflict | NotFound:
+        return await cast(StoreProxy, self)._settle(task_id, expected_revision, event, lease)
+
+
+class _StampingCreation:
+    """Mixed into a wrapper whose inner store offers ``create_claimed_stamped``."""
+
+    async def create_claimed_stamped(
+        self, task: Task, work: Work, access: Access, owner_id: str, lease_ms: int
+    ) -> Claimed:
+        proxy = cast(StoreProxy, self)
+        return await proxy._create_claimed_stamped(task, work, access, owner_id, lease_ms)
+
+
 class StoreProxy:
-    """Delegates every Store operation to ``inner`` (and any other attribute, e.g. ``history``)."""
+    """Delegates every Store operation to ``inner`` (and any other attribute, e.g. ``history``).
+
+    ``settle`` and ``create_claimed_stamped`` are methods of the instance's class only when
+    ``inner``'s class offers them (see the module docstring).
+    """
+
+    _variants: ClassVar[dict[tuple[type, bool, bool], type]] = {}
+
+    def __new__(cls, inner: Store, *args: Any, **kwargs: Any) -> Self:
+        settling, stamping = settles(inner), stamps_creation(inner)
+        key = (cls, settling, stamping)
+        variant = StoreProxy._variants.get(key)
+        if variant is None:
+            mixins: tuple[type, ...] = ()
+            if settling:
+                mixins += (_Settling,)
+            if stamping:
+                mixins += (_StampingCreation,)
+            names = {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
+            variant = type(cls.__name__, (*mixins, cls), names) if mixins else cls
+            StoreProxy._variants[key] = variant
+        return cast(Self, object.__new__(variant))
 
     def __init__(self, inner: Store) -> None:
         self.inner = inner
@@ -77,6 +126,22 @@ class StoreProxy:
         self, task_id: str, expected_revision: int, event: Event, authority: Authority
     ) -> Transition | Conflict | NotFound:
         return await self.inner.transition(task_id, expected_revision, event, authority)
+
+    async def _settle(
+        self, task_id: str, expected_revision: int, event: Event, lease: Lease
+    ) -> Transition | Conflict | NotFound:
+        """What ``settle`` does (offered only when ``inner`` settles)."""
+        inner = self.inner
+        assert settles(inner)
+        return await inner.settle(task_id, expected_revision, event, lease)
+
+    async def _create_claimed_stamped(
+        self, task: Task, work: Work, access: Access, owner_id: str, lease_ms: int
+    ) -> Claimed:
+        """What ``create_claimed_stamped`` does (offered only when ``inner`` stamps)."""
+        inner = self.inner
+        assert stamps_creation(inner)
+        return await inner.create_claimed_stamped(task, work, access, owner_id, lease_ms)
 
     async def aclose(self) -> None:
         await self.inner.aclose()
@@ -132,12 +197,28 @@ class ConflictRetryingStore(StoreProxy):
             return await self.inner.transition(task_id, result.snapshot.revision, event, authority)
         return result
 
+    async def _settle(
+        self, task_id: str, expected_revision: int, event: Event, lease: Lease
+    ) -> Transition | Conflict | NotFound:
+        result = await super()._settle(task_id, expected_revision, event, lease)
+        if isinstance(result, Conflict) and not result.snapshot.task.status.is_terminal:
+            return await super()._settle(task_id, result.snapshot.revision, event, lease)
+        return result
+
 
 class LostReleaseStore(StoreProxy):
-    """A deliberately broken wrapper: ``release`` reports success without releasing."""
+    """A deliberately broken wrapper: ``release`` reports success without releasing, and
+    ``settle`` applies the event but keeps the claim (the release inside it is lost)."""
 
     async def release(self, lease: Lease) -> None:
         await trio.lowlevel.checkpoint()
+
+    async def _settle(
+        self, task_id: str, expected_revision: int, event: Event, lease: Lease
+    ) -> Transition | Conflict | NotFound:
+        return await self.inner.transition(
+            task_id, expected_revision, event, WorkerAuthority(lease)
+        )
 
 
 FAULTS: dict[str, type[StoreProxy]] = {
@@ -157,8 +238,13 @@ class CountingStore(StoreProxy):
         super().__init__(inner)
         self.calls: Counter[str] = Counter()
 
-    OPTIONAL_WRITES = ("create_claimed",)
-    """Optional store operations that write, counted when the inner store offers them."""
+    OPTIONAL_WRITES = ("create_claimed", "create_claimed_stamped", "settle")
+    """Optional store operations that write, counted when the inner store offers them (a
+    ``settle`` when it answers a ``Transition``: it then released the claim, a write even when
+    the event itself was ``unchanged`` or a ``duplicate``)."""
+
+    _FORWARDED_WRITES = ("create_claimed",)
+    """Optional writes reached through ``__getattr__`` (detected on the instance)."""
 
     @property
     def writes(self) -> int:
@@ -166,7 +252,7 @@ class CountingStore(StoreProxy):
 
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self.inner, name)
-        if name not in self.OPTIONAL_WRITES:
+        if name not in self._FORWARDED_WRITES:
             return attribute
 
         async def counted(*args: Any, **kwargs: Any) -> Any:
@@ -212,3 +298,17 @@ class CountingStore(StoreProxy):
         if reaped:
             self.calls["reap"] += 1
         return reaped
+
+    async def _settle(
+        self, task_id: str, expected_revision: int, event: Event, lease: Lease
+    ) -> Transition | Conflict | NotFound:
+        result = await super()._settle(task_id, expected_revision, event, lease)
+        if isinstance(result, Transition):
+            self.calls["settle"] += 1
+        return result
+
+    async def _create_claimed_stamped(
+        self, task: Task, work: Work, access: Access, owner_id: str, lease_ms: int
+    ) -> Claimed:
+        self.calls["create_claimed_stamped"] += 1
+        return await super()._create_claimed_stamped(task, work, access, owner_id, lease_ms)

@@ -203,39 +203,6 @@ class _CountingSink:
                 target[1].set()
 
 
-def counting_store(inner: Any) -> Any:
-    """``CountingStore`` that also offers the optional ``settle`` and ``create_claimed_stamped``
-    when ``inner`` does, counting each as one store write (one durable commit on a SQL store).
-
-    Runners detect those capabilities on the store's class, so a wrapper must define them to
-    pass them on; a ``settle`` counts when it answers a ``Transition`` (it then released the
-    claim, a write even when the event itself was ``unchanged`` or a ``duplicate``).
-    """
-    from stress.wrappers import CountingStore
-    from tritask.tasks.store import Transition, settles, stamps_creation
-
-    namespace: dict[str, Any] = {
-        "OPTIONAL_WRITES": (*CountingStore.OPTIONAL_WRITES, "create_claimed_stamped", "settle")
-    }
-    if settles(inner):
-
-        async def settle(self: Any, task_id: str, revision: int, event: Any, lease: Any) -> Any:
-            result = await self.inner.settle(task_id, revision, event, lease)
-            if isinstance(result, Transition):
-                self.calls["settle"] += 1
-            return result
-
-        namespace["settle"] = settle
-    if stamps_creation(inner):
-
-        async def create_claimed_stamped(self: Any, *args: Any) -> Any:
-            self.calls["create_claimed_stamped"] += 1
-            return await self.inner.create_claimed_stamped(*args)
-
-        namespace["create_claimed_stamped"] = create_claimed_stamped
-    return type("BenchCountingStore", (CountingStore,), namespace)(inner)
-
-
 def store_options(args: argparse.Namespace) -> dict[str, Any]:
     from tritask.tasks.stores import store_scheme
 
@@ -249,12 +216,13 @@ def store_options(args: argparse.Namespace) -> dict[str, Any]:
 
 async def tasks_server(args: argparse.Namespace) -> None:
     from stress.common import open_stress_store
+    from stress.wrappers import CountingStore
     from tritask.server.app import App
     from tritask.server.extension import ServeEnvironment
     from tritask.tasks.extension import Tasks
     from tritask.transports.http import serve_http
 
-    store = counting_store(open_stress_store(args.store, mock_clock=False, **store_options(args)))
+    store = CountingStore(open_stress_store(args.store, mock_clock=False, **store_options(args)))
     sink = _CountingSink()
     tasks = Tasks(
         store=store,
