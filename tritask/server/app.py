@@ -51,6 +51,14 @@ def _context_param(fn: Callable[..., Any]) -> str | None:
     return None
 
 
+def _summary(fn: Callable[..., Any]) -> str | None:
+    """The first paragraph of a docstring: the default description of a tool/prompt/resource."""
+    doc = inspect.getdoc(fn)
+    if not doc:
+        return None
+    return doc.split("\n\n")[0].strip() or None
+
+
 def _require_async(fn: Callable[..., Any], what: str) -> None:
     if not inspect.iscoroutinefunction(fn):
         raise TypeError(f"{what} {getattr(fn, '__name__', fn)!r} must be an async function")
@@ -357,8 +365,7 @@ class App:
         tool_name = name or fn.__name__
         if not _TOOL_NAME.match(tool_name):
             raise ValueError(f"tool name {tool_name!r} must match {_TOOL_NAME.pattern}")
-        doc = inspect.getdoc(fn)
-        text = description or (doc.split("\n\n")[0].strip() if doc else None)
+        text = description or _summary(fn)
         if not text:
             raise ValueError(f"tool {tool_name!r} needs a description (argument or docstring)")
         context_param = _context_param(fn)
@@ -422,11 +429,10 @@ class App:
             )
             for arg, spec in properties.items()
         )
-        doc = inspect.getdoc(fn)
         prompt = PromptDef(
             name=name or fn.__name__,
             fn=fn,
-            description=description or (doc.split("\n\n")[0].strip() if doc else None),
+            description=description or _summary(fn),
             arguments=arguments,
             title=title,
             context_param=_context_param(fn),
@@ -454,8 +460,7 @@ class App:
 
         def register(fn: F) -> F:
             _require_async(fn, "resource")
-            doc = inspect.getdoc(fn)
-            text = description or (doc.split("\n\n")[0].strip() if doc else None)
+            text = description or _summary(fn)
             context_param = _context_param(fn)
             if _TEMPLATE_VAR.search(uri):
                 self.resource_templates[uri] = ResourceTemplateDef(
