@@ -795,6 +795,9 @@ async def test_serve_http_on_either_server(
         response = await http.post(urls[0] + "/mcp", content=body, headers=headers)
     assert response.status_code == 200
     assert response.json()["result"]["content"][0]["text"] == server
+    # The application states the length itself, so no server sends a JSON answer chunked.
+    assert response.headers["content-length"] == str(len(response.content))
+    assert "transfer-encoding" not in response.headers
 
 
 async def test_serve_http_refuses_an_unknown_server(mcp_app: App) -> None:

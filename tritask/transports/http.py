@@ -243,7 +243,9 @@ class HttpTransport:
         except HeaderMismatch as error:
             await _error(send, 400, error_message(None, error))
             return
-        await send({"type": "http.response.start", "status": 202, "headers": []})
+        await send(
+            {"type": "http.response.start", "status": 202, "headers": [(b"content-length", b"0")]}
+        )
         await send({"type": "http.response.body", "body": b""})
 
 
@@ -262,7 +264,11 @@ def _accepts_both(values: Iterable[str]) -> bool:
 async def _plain(
     send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None
 ) -> None:
-    response_headers = [(b"content-type", b"text/plain; charset=utf-8"), *(extra or [])]
+    response_headers = [
+        (b"content-type", b"text/plain; charset=utf-8"),
+        (b"content-length", b"%d" % len(body)),
+        *(extra or []),
+    ]
     await send({"type": "http.response.start", "status": status, "headers": response_headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -277,7 +283,10 @@ async def _json(send: Send, status: int, message: dict[str, JSONValue]) -> None:
         {
             "type": "http.response.start",
             "status": status,
-            "headers": [(b"content-type", b"application/json")],
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", b"%d" % len(body)),
+            ],
         }
     )
     await send({"type": "http.response.body", "body": body})
