@@ -172,6 +172,7 @@ class _Cycle:
                     return _disconnect()
                 if h.they_are_waiting_for_100_continue:
                     await conn.write_with(self._continue)
+                    continue  # data may have arrived meanwhile: look again before parking
                 conn.make_room()
                 await conn.wakeup.park()
                 continue
