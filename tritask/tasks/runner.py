@@ -998,9 +998,4 @@ class _JobCapacity(CapacityExceeded):
     """``max_jobs`` is reached on this runner (nothing was stored)."""
 
     def __init__(self) -> None:
-        Exception.__init__(self, "task capacity exceeded: max_jobs")
-        self.limit = "max_jobs"  # type: ignore[assignment]
-
-
-def capacity_limit(error: CapacityExceeded) -> str:
-    return str(error.limit)
+        super().__init__("max_jobs")

@@ -151,10 +151,14 @@ class AlreadyExists(StoreError):
     """A task with this id exists (expired tasks count until reaped)."""
 
 
+CapacityLimit = Literal["max_tasks", "max_active_tasks_per_scope", "max_jobs"]
+"""Which limit refused new work: the store's two (across every process), or a runner's own."""
+
+
 class CapacityExceeded(StoreError):
-    def __init__(self, limit: Literal["max_tasks", "max_active_tasks_per_scope"]) -> None:
+    def __init__(self, limit: CapacityLimit) -> None:
         super().__init__(f"task capacity exceeded: {limit}")
-        self.limit: Literal["max_tasks", "max_active_tasks_per_scope"] = limit
+        self.limit: CapacityLimit = limit
 
 
 class StaleLease(StoreError):
