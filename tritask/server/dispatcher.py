@@ -193,7 +193,8 @@ class Dispatcher:
                     break
         hdr.check_name(headers, params, source)
         if method == "tools/call":
-            tool = self.app.tools.get(params.get("name"))  # type: ignore[arg-type]
+            name = params.get("name")
+            tool = self.app.tools.get(name) if isinstance(name, str) else None
             arguments = params.get("arguments")
             if tool is not None and isinstance(arguments, dict | None):
                 declared = self._param_headers(tool)
