@@ -18,10 +18,11 @@ from typing import Any
 
 import trio
 import trio.testing
+from transport_app import Probe
+from transport_app import build_app as build_transport_app
 
 from tritask.jsonrpc import dumps, loads
 from tritask.server.app import App
-from tritask.server.context import Context
 from tritask.transports.stdio import serve_stdio
 
 VERSION = "2026-07-28"
@@ -52,42 +53,8 @@ def cancel(request_id: int | str) -> dict[str, Any]:
     }
 
 
-class Probe:
-    """What the test tools saw, so tests can assert on handler-side effects."""
-
-    def __init__(self) -> None:
-        self.started = trio.Event()
-        self.saw_cancelled = trio.Event()
-        self.release = trio.Event()
-
-
 def build_app(probe: Probe) -> App:
-    app = App("stdio-test", "1.0.0", state_key="stdio-test-state-key-0123456789")
-
-    @app.tool()
-    async def echo(text: str) -> str:
-        """Echo the text."""
-        return text
-
-    @app.tool()
-    async def steps(ctx: Context) -> str:
-        """Report two progress steps."""
-        await ctx.progress(1, 2, "half")
-        await ctx.progress(2, 2)
-        return "done"
-
-    @app.tool()
-    async def block(ctx: Context) -> str:
-        """Wait until released (or cancelled)."""
-        probe.started.set()
-        try:
-            await probe.release.wait()
-        except trio.Cancelled:
-            probe.saw_cancelled.set()
-            raise
-        return "released"
-
-    return app
+    return build_transport_app(probe, "stdio-test")
 
 
 class Peer:

@@ -16,9 +16,10 @@ import pytest
 import trio
 import trio.testing
 import trio_websocket
+from transport_app import Probe
+from transport_app import build_app as build_transport_app
 
 from tritask.server.app import App
-from tritask.server.context import Context
 from tritask.transports.websocket import origin_allowed, serve_websocket
 
 META = {
@@ -42,40 +43,8 @@ def cancel(request_id: int | str) -> str:
     return json.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params})
 
 
-class Probe:
-    def __init__(self) -> None:
-        self.started = trio.Event()
-        self.saw_cancelled = trio.Event()
-        self.release = trio.Event()
-
-
 def build_app(probe: Probe) -> App:
-    app = App("ws-test", "1.0.0", state_key="ws-test-state-key-0123456789")
-
-    @app.tool()
-    async def echo(text: str) -> str:
-        """Echo the text."""
-        return text
-
-    @app.tool()
-    async def steps(ctx: Context) -> str:
-        """Report two progress steps."""
-        await ctx.progress(1, 2, "half")
-        await ctx.progress(2, 2)
-        return "done"
-
-    @app.tool()
-    async def block() -> str:
-        """Wait until released (or cancelled)."""
-        probe.started.set()
-        try:
-            await probe.release.wait()
-        except trio.Cancelled:
-            probe.saw_cancelled.set()
-            raise
-        return "released"
-
-    return app
+    return build_transport_app(probe, "ws-test")
 
 
 async def receive(ws: trio_websocket.WebSocketConnection) -> dict[str, Any]:
