@@ -294,6 +294,8 @@ def _fresh_store_url(url: str, workdir: str) -> str:
 async def _tasks_run(params: TasksParams, url: str) -> dict[str, Any]:
     """Create ``tasks`` tasks over HTTP through ``processes`` servers; wait for all completed."""
     options = ["--store", url, "--sqlite-synchronous", params.sqlite_synchronous]
+    if os.environ.get("TRITASK_BENCH_PROFILE"):
+        options += ["--profile", os.environ["TRITASK_BENCH_PROFILE"]]
     async with _servers(params.processes, options) as servers:
         ports = [server.port for server in servers]
         stat_conns = [await HttpConnection.connect("127.0.0.1", port) for port in ports]
@@ -319,6 +321,7 @@ async def _tasks_run(params: TasksParams, url: str) -> dict[str, Any]:
                 await conn.aclose()
 
         started = time.perf_counter()
+        client_cpu = time.process_time()
         async with trio.open_nursery() as nursery:
             for index in range(params.clients):
                 nursery.start_soon(client, index)
@@ -332,6 +335,10 @@ async def _tasks_run(params: TasksParams, url: str) -> dict[str, Any]:
                 break
             await trio.sleep(0.005)
         finished = time.perf_counter()
+        client_cpu = time.process_time() - client_cpu
+        server_cpu = sum(
+            n["cpuSeconds"] - b["cpuSeconds"] for n, b in zip(now, before, strict=True)
+        )
         writes = sum(n["writes"] - b["writes"] for n, b in zip(now, before, strict=True))
         calls: dict[str, int] = {}
         for n, b in zip(now, before, strict=True):
@@ -358,6 +365,8 @@ async def _tasks_run(params: TasksParams, url: str) -> dict[str, Any]:
         "creationLatency": summarize(latencies),
         "storeWritesPerTask": round(writes / max(done, 1), 3),
         "storeCalls": calls,
+        "serverCpuMsPerTask": round(server_cpu * 1000 / max(done, 1), 3),
+        "loadGeneratorCpuMsPerTask": round(client_cpu * 1000 / max(done, 1), 3),
         "sampleStatuses": sorted(set(statuses)),
         "failures": failures,
     }

@@ -251,6 +251,7 @@ async def tasks_server(args: argparse.Namespace) -> None:
             "writes": store.writes,
             "calls": dict(store.calls),
             "pid": os.getpid(),
+            "cpuSeconds": time.process_time(),
         }
 
     async def serve(trigger: Callable[[], Awaitable[None]], task_status: Any) -> None:
@@ -350,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pace-ms", type=int, default=100)
     parser.add_argument("--reap-interval-ms", type=int, default=200)
     parser.add_argument("--log-level", default="WARNING")
+    parser.add_argument("--profile", default=None, help="write cProfile statistics to this file")
     args = parser.parse_args(argv)
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr)
     if args.cpu is not None and hasattr(os, "sched_setaffinity"):
@@ -362,6 +364,13 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.kind == "soak":
         trio.run(soak, args, clock=trio.testing.MockClock(autojump_threshold=0))
+        return 0
+    if args.profile:
+        import cProfile
+
+        with cProfile.Profile() as profile:
+            trio.run(entry[args.kind], args)
+        profile.dump_stats(args.profile)
         return 0
     trio.run(entry[args.kind], args)
     return 0
