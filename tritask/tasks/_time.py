@@ -42,14 +42,16 @@ def _check_instant(us: object) -> int:
     return us
 
 
+_NAIVE_EPOCH = _dt.datetime(1970, 1, 1)
+
+
 def format_instant(us: int) -> str:
     """ISO-8601 UTC text: millisecond form when ``us`` is whole milliseconds, else 6 digits."""
     _check_instant(us)
-    moment = _EPOCH + _dt.timedelta(microseconds=us)
-    head = moment.strftime("%Y-%m-%dT%H:%M:%S")
+    moment = _NAIVE_EPOCH + _dt.timedelta(microseconds=us)
     if us % 1000 == 0:
-        return f"{head}.{moment.microsecond // 1000:03d}Z"
-    return f"{head}.{moment.microsecond:06d}Z"
+        return moment.isoformat(timespec="milliseconds") + "Z"
+    return moment.isoformat(timespec="microseconds") + "Z"
 
 
 def parse_instant(text: str) -> int:

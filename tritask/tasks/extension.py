@@ -38,7 +38,7 @@ from tritask.tasks.store import (
     Unauthorized,
 )
 from tritask.tasks.stores import open_store
-from tritask.tasks.work import RetryPolicy, Work, canonical_json
+from tritask.tasks.work import RetryPolicy, Work, canonical_json, canonical_text
 
 log = logging.getLogger("tritask.tasks")
 
@@ -250,7 +250,8 @@ class Tasks(Extension):
         return runner.subscribe(self._publish)
 
     def _publish(self, snapshot: Snapshot) -> None:
-        if self._app is not None:
+        # Nobody listening (the usual case): don't build a notification nobody receives.
+        if self._app is not None and self._app.hub.subscriber_count:
             self._app.hub.publish(
                 "notifications/tasks", detailed_task(snapshot.task), {"taskIds": [snapshot.task.id]}
             )
@@ -334,6 +335,7 @@ class Tasks(Extension):
             if isinstance(options.retry_policy, RetryPolicy)
             else self.retry_policies.get(call.tool.name, self.retry_policy)
         )
+        built = self.work_builder is not None
         if self.work_builder is not None:
             try:
                 work = self.work_builder(task_id, call.tool.name, dict(call.arguments), ctx)
@@ -351,7 +353,9 @@ class Tasks(Extension):
         if work.idempotency_key != task_id:
             raise InternalError("Task work idempotency key must match its task id")
         if self.max_work_input_bytes is not None:
-            size = len(canonical_json(work.input).encode("utf-8"))
+            # Work.tool_call has just checked and copied the input: no second check needed.
+            text = canonical_json(work.input) if built else canonical_text(work.input)
+            size = len(text.encode("utf-8"))
             if size > self.max_work_input_bytes:
                 raise InvalidParams(f"Task input is larger than {self.max_work_input_bytes} bytes")
         ttl = self.ttl_ms if isinstance(options.ttl_ms, _Default) else options.ttl_ms

@@ -27,7 +27,15 @@ import trio
 
 from tritask.tasks._time import Clock, system_clock
 from tritask.tasks.events import Effects, Event
-from tritask.tasks.model import CorruptRecord, Snapshot, Task, initial_snapshot
+from tritask.tasks.model import (
+    CorruptRecord,
+    Snapshot,
+    Task,
+    clone_snapshot,
+    initial_snapshot,
+    owned_task,
+    owned_work,
+)
 from tritask.tasks.reducer import apply
 from tritask.tasks.store import (
     NOT_FOUND,
@@ -63,7 +71,7 @@ from tritask.tasks.store import (
     new_access,
     require_scope,
 )
-from tritask.tasks.work import Work, canonical_json
+from tritask.tasks.work import Work, canonical_json, canonical_text, clone_json, unchecked_evolve
 
 __all__ = ["MemoryStore", "open_memory_store"]
 
@@ -76,14 +84,23 @@ def _stamped(task: Task, now: int) -> Task:
     if not isinstance(task, Task) or task.created_at != task.last_updated_at:
         return task
     try:
-        return attrs.evolve(task, created_at=now, last_updated_at=now)
+        return owned_task(task, created_at=now, last_updated_at=now)
     except (TypeError, ValueError) as exc:  # e.g. the TTL now ends past the last instant
         raise InvalidTask(str(exc)) from exc
 
 
-def _copy_snapshot(snapshot: Snapshot) -> Snapshot:
-    work = None if snapshot.work is None else attrs.evolve(snapshot.work)
-    return attrs.evolve(snapshot, task=attrs.evolve(snapshot.task), work=work)
+def _own_effects(effects: Effects) -> Effects:
+    """Effects a caller may keep: without accepted responses they hold no mutable JSON."""
+    responses = effects.accepted_input_responses
+    if responses is None:
+        return effects
+    return unchecked_evolve(effects, accepted_input_responses=clone_json(responses))
+
+
+def _event_text(event: Event) -> str:
+    """``canonical_json(event.to_json())`` of an event whose data is already checked JSON."""
+    doc = {"version": 1, "id": event.id, "kind": event.kind.value, "data": event.data}
+    return canonical_text(doc)
 
 
 @attrs.frozen
@@ -186,7 +203,7 @@ class MemoryStore:
 
     async def create(self, task: Task, work: Work, access: Access) -> Snapshot:
         now = await self._enter()
-        return _copy_snapshot(self._insert(task, work, access, now).snapshot)
+        return clone_snapshot(self._insert(task, work, access, now).snapshot)
 
     async def create_claimed(
         self, task: Task, work: Work, access: Access, owner_id: str, lease_ms: int
@@ -202,14 +219,20 @@ class MemoryStore:
         """``create_claimed`` with ``createdAt``/``lastUpdatedAt`` read from the store's clock."""
         now = await self._enter()
         owner_id, lease_ms = check_owner(owner_id), check_positive_ms(lease_ms, "lease_ms")
-        return self._grant(
-            self._insert(_stamped(task, now), work, access, now), owner_id, lease_ms, now
-        )
+        stamped = _stamped(task, now)
+        entry = self._insert(stamped, work, access, now, owned=stamped is not task)
+        return self._grant(entry, owner_id, lease_ms, now)
 
-    def _insert(self, task: Task, work: Work, access: Access, now: int) -> _Entry:
+    def _insert(
+        self, task: Task, work: Work, access: Access, now: int, *, owned: bool = False
+    ) -> _Entry:
+        """Store a checked copy of the caller's task and work (``owned``: the task already is
+        one, made by ``_stamped``)."""
         check_create_access(access, self._id, task)
         try:
-            snapshot = _copy_snapshot(initial_snapshot(task, work))
+            if isinstance(task, Task) and isinstance(work, Work):
+                task, work = (task if owned else owned_task(task)), owned_work(work)
+            snapshot = initial_snapshot(task, work)
         except (CorruptRecord, TypeError, ValueError) as exc:
             raise InvalidTask(str(exc)) from exc
         if task.id in self._entries:
@@ -231,7 +254,7 @@ class MemoryStore:
     async def get(self, task_id: str, access: Access) -> Snapshot | NotFound:
         now = await self._enter()
         entry = self._request_entry(task_id, access, now, _READ_ACTIONS)
-        return NOT_FOUND if entry is None else _copy_snapshot(entry.snapshot)
+        return NOT_FOUND if entry is None else clone_snapshot(entry.snapshot)
 
     def _request_entry(
         self, task_id: str, access: Access, now: int, allowed: frozenset[Action]
@@ -263,7 +286,7 @@ class MemoryStore:
         if entry is None:
             return NOT_FOUND
         self._check_lease(entry, lease, now)
-        return _copy_snapshot(entry.snapshot)
+        return clone_snapshot(entry.snapshot)
 
     def _eligibility(self, entry: _Entry, now: int) -> Deferred | Unavailable | None:
         """Reference 3.6 order; ``None`` means claimable now."""
@@ -288,7 +311,7 @@ class MemoryStore:
         )
         entry.claim = lease
         self._reschedule(entry, now)
-        return Claimed(_copy_snapshot(entry.snapshot), lease)
+        return Claimed(clone_snapshot(entry.snapshot), lease)
 
     async def claim(
         self, task_id: str, owner_id: str, lease_ms: int
@@ -414,8 +437,8 @@ class MemoryStore:
     def _duplicate(entry: _Entry, seen: _Seen) -> Transition:
         return Transition(
             outcome="duplicate",
-            snapshot=_copy_snapshot(entry.snapshot),
-            effects=attrs.evolve(seen.effects),
+            snapshot=clone_snapshot(entry.snapshot),
+            effects=_own_effects(seen.effects),
             event_revision=seen.event_revision,
             committed_at=seen.committed_at,
         )
@@ -424,22 +447,25 @@ class MemoryStore:
         self, entry: _Entry, expected_revision: int, event: Event, now: int
     ) -> Transition | Conflict:
         """Replay check, then the revision check, then the reducer (authority already checked)."""
-        event_json = canonical_json(event.to_json())
+        # The store's own checked copy of the caller's event: its text, the reducer's input and
+        # the ledger entry all come from it.
+        event = Event(event.id, event.kind, event.data)
+        event_json = _event_text(event)
         seen = entry.seen.get(event.id)
         if seen is not None:
             if seen.event_json != event_json:
                 raise EventIdReused(event.id)
             return self._duplicate(entry, seen)
         if entry.snapshot.revision != expected_revision:
-            return Conflict(_copy_snapshot(entry.snapshot))
+            return Conflict(clone_snapshot(entry.snapshot))
 
         committed_at = max(now, entry.snapshot.task.last_updated_at + _COMMIT_STEP_US)
         outcome = apply(entry.snapshot, event, committed_at)
         if outcome.kind == "unchanged":
             return Transition(
                 outcome="unchanged",
-                snapshot=_copy_snapshot(entry.snapshot),
-                effects=attrs.evolve(outcome.effects),
+                snapshot=clone_snapshot(entry.snapshot),
+                effects=_own_effects(outcome.effects),
                 event_revision=entry.snapshot.revision,
                 committed_at=committed_at,
             )
@@ -448,7 +474,7 @@ class MemoryStore:
         revision = outcome.snapshot.revision
         entry.history.append(
             LedgerEntry(
-                event=attrs.evolve(event),
+                event=event,
                 revision=revision,
                 committed_at=committed_at,
                 effects=outcome.effects,
@@ -460,8 +486,8 @@ class MemoryStore:
         self._reschedule(entry, now)
         return Transition(
             outcome="applied",
-            snapshot=_copy_snapshot(outcome.snapshot),
-            effects=attrs.evolve(outcome.effects),
+            snapshot=clone_snapshot(outcome.snapshot),
+            effects=_own_effects(outcome.effects),
             event_revision=revision,
             committed_at=committed_at,
         )

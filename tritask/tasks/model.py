@@ -7,8 +7,8 @@ reducer, the stores and the decoders cannot produce (or accept) an impossible st
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar, cast
 
 import attrs
 
@@ -17,9 +17,11 @@ from tritask.tasks.work import (
     CodecError,
     JSONObject,
     Work,
+    clone_json,
     ensure_json,
     ensure_json_object,
     expect_keys,
+    unchecked_evolve,
 )
 
 __all__ = [
@@ -30,10 +32,14 @@ __all__ = [
     "Snapshot",
     "Task",
     "TaskStatus",
+    "clone_snapshot",
     "create_task_result",
     "detailed_task",
     "initial_snapshot",
     "new_task",
+    "owned_task",
+    "owned_work",
+    "revise",
     "snapshot_from_json",
     "snapshot_to_json",
     "task_wire_base",
@@ -284,6 +290,72 @@ class Snapshot:
         inbox = set(self.accepted_input_responses)
         _require(inbox <= task.used_input_keys, "inbox keys were never requested")
         _require(not inbox & set(task.input_requests), "inbox keys are still outstanding")
+
+
+_Record = TypeVar("_Record", Task, Snapshot, Work)
+
+
+def revise(record: _Record, **changes: Any) -> _Record:
+    """``attrs.evolve`` for a valid ``Task``, ``Snapshot`` or ``Work`` that checks only what
+    changes.
+
+    The changed fields go through their converters and validators (new JSON is checked and
+    copied), then every invariant of the class is checked again on the result. Unchanged fields
+    were checked when ``record`` was built and are shared with it, JSON included: both are
+    values, and whoever hands one out to a caller copies it first (:func:`clone_snapshot`).
+    """
+    cls = type(record)
+    new = object.__new__(cls)
+    for field in attrs.fields(cls):
+        name = field.name
+        if name in changes:
+            value = changes.pop(name)
+            if field.converter is not None:
+                value = cast(Callable[[Any], Any], field.converter)(value)
+            if field.validator is not None:
+                field.validator(new, field, value)
+        else:
+            value = getattr(record, name)
+        object.__setattr__(new, name, value)
+    if changes:
+        raise TypeError(f"{cls.__name__} has no fields {sorted(changes)}")
+    if not isinstance(new, Work):
+        new.__attrs_post_init__()
+    return new
+
+
+def owned_task(task: Task, **changes: Any) -> Task:
+    """A checked copy of a caller's task (with ``changes``): its JSON is checked and copied,
+    its invariants checked again (the caller may have mutated its containers since)."""
+    json = {"input_requests": task.input_requests, "result": task.result, "error": task.error}
+    return revise(task, **{**json, **changes})
+
+
+def owned_work(work: Work) -> Work:
+    """A checked copy of a caller's work (its input checked and copied)."""
+    return revise(work, input=work.input)
+
+
+def clone_snapshot(snapshot: Snapshot) -> Snapshot:
+    """A copy of a valid snapshot with JSON of its own, so mutating it cannot reach the original.
+
+    Nothing is checked again (the snapshot is valid by construction): this is how a store hands
+    out its state.
+    """
+    task, work = snapshot.task, snapshot.work
+    return unchecked_evolve(
+        snapshot,
+        task=unchecked_evolve(
+            task,
+            input_requests=clone_json(task.input_requests),
+            result=clone_json(task.result),
+            error=clone_json(task.error),
+        ),
+        work=None if work is None else unchecked_evolve(work, input=clone_json(work.input)),
+        last_failure=clone_json(snapshot.last_failure),
+        input_history=clone_json(snapshot.input_history),
+        accepted_input_responses=clone_json(snapshot.accepted_input_responses),
+    )
 
 
 def initial_snapshot(task: Task, work: Work) -> Snapshot:

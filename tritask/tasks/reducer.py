@@ -11,7 +11,7 @@ from typing import Any, Literal
 import attrs
 
 from tritask.tasks.events import Effects, Event, EventKind, RetryEffect
-from tritask.tasks.model import CANCELLED_MESSAGE, Snapshot, Task, TaskStatus
+from tritask.tasks.model import CANCELLED_MESSAGE, Snapshot, TaskStatus, revise
 
 __all__ = ["DuplicateInputKey", "Effects", "Outcome", "RetryEffect", "apply"]
 
@@ -38,6 +38,10 @@ def apply(snapshot: Snapshot, event: Event, committed_at: int) -> Outcome:
 
     ``committed_at`` must be later than the task's ``last_updated_at``: stores make commit times
     strictly increase per task. Raises :class:`DuplicateInputKey` on input key reuse.
+
+    The new snapshot is built with :func:`~tritask.tasks.model.revise`: what the event brings
+    is checked and copied, every record invariant is checked on the result, and unchanged
+    fields are shared with ``snapshot`` (values: stores copy what they hand out).
     """
     if not isinstance(committed_at, int) or committed_at <= snapshot.task.last_updated_at:
         raise ValueError("committed_at must be an int after the task's last update")
@@ -51,44 +55,50 @@ def apply(snapshot: Snapshot, event: Event, committed_at: int) -> Outcome:
     if kind is EventKind.RETRY_REQUESTED:
         return _retry(snapshot, event, committed_at)
     if kind is EventKind.COMPLETED:
-        task = _settle(snapshot.task, TaskStatus.COMPLETED, None, result=event.data["result"])
+        task = _settle(TaskStatus.COMPLETED, None, result=event.data["result"])
     elif kind is EventKind.FAILED:
         message = event.data["statusMessage"]
-        task = _settle(snapshot.task, TaskStatus.FAILED, message, error=event.data["error"])
+        task = _settle(TaskStatus.FAILED, message, error=event.data["error"])
     else:
-        task = _settle(snapshot.task, TaskStatus.CANCELLED, CANCELLED_MESSAGE)
-    return _applied(snapshot, committed_at, Effects.none(), task=task, retry_at=None)
+        task = _settle(TaskStatus.CANCELLED, CANCELLED_MESSAGE)
+    return _applied(snapshot, committed_at, _NO_EFFECTS, task, retry_at=None)
+
+
+_NO_EFFECTS = Effects.none()
 
 
 def _unchanged(snapshot: Snapshot, effects: Effects | None = None) -> Outcome:
-    return Outcome(kind="unchanged", snapshot=snapshot, effects=effects or Effects.none())
+    return Outcome(kind="unchanged", snapshot=snapshot, effects=effects or _NO_EFFECTS)
 
 
 def _applied(
     snapshot: Snapshot,
     committed_at: int,
     effects: Effects,
-    *,
-    task: Task,
+    task_changes: dict[str, Any],
     **changes: Any,
 ) -> Outcome:
-    task = attrs.evolve(task, last_updated_at=committed_at)
-    new = attrs.evolve(snapshot, task=task, revision=snapshot.revision + 1, **changes)
+    """The task with ``task_changes`` (updated at ``committed_at``) in the next revision."""
+    task = revise(snapshot.task, last_updated_at=committed_at, **task_changes)
+    new = revise(snapshot, task=task, revision=snapshot.revision + 1, **changes)
     return Outcome(kind="applied", snapshot=new, effects=effects)
 
 
 def _settle(
-    task: Task,
     status: TaskStatus,
     message: str | None,
     *,
     result: object = None,
     error: object = None,
-) -> Task:
-    """A terminal task: outstanding input requests are cleared."""
-    return attrs.evolve(
-        task, status=status, status_message=message, input_requests={}, result=result, error=error
-    )
+) -> dict[str, Any]:
+    """The changes that make a task terminal: outstanding input requests are cleared."""
+    return {
+        "status": status,
+        "status_message": message,
+        "input_requests": {},
+        "result": result,
+        "error": error,
+    }
 
 
 def _request_input(snapshot: Snapshot, event: Event, committed_at: int) -> Outcome:
@@ -97,14 +107,13 @@ def _request_input(snapshot: Snapshot, event: Event, committed_at: int) -> Outco
     task = snapshot.task
     if key in task.used_input_keys:
         raise DuplicateInputKey(key)
-    task = attrs.evolve(
-        task,
-        status=TaskStatus.INPUT_REQUIRED,
-        input_requests={**task.input_requests, key: request},
-        used_input_keys=task.used_input_keys | {key},
-    )
+    changes = {
+        "status": TaskStatus.INPUT_REQUIRED,
+        "input_requests": {**task.input_requests, key: request},
+        "used_input_keys": task.used_input_keys | {key},
+    }
     history = {**snapshot.input_history, key: request}
-    return _applied(snapshot, committed_at, Effects.none(), task=task, input_history=history)
+    return _applied(snapshot, committed_at, _NO_EFFECTS, changes, input_history=history)
 
 
 def _accept(snapshot: Snapshot, event: Event, committed_at: int) -> Outcome:
@@ -115,14 +124,13 @@ def _accept(snapshot: Snapshot, event: Event, committed_at: int) -> Outcome:
     if not matched:
         return _unchanged(snapshot, Effects(accepted_input_responses={}))
     remaining = {k: v for k, v in task.input_requests.items() if k not in matched}
-    task = attrs.evolve(
-        task,
-        status=TaskStatus.INPUT_REQUIRED if remaining else TaskStatus.WORKING,
-        input_requests=remaining,
-    )
+    changes = {
+        "status": TaskStatus.INPUT_REQUIRED if remaining else TaskStatus.WORKING,
+        "input_requests": remaining,
+    }
     inbox = {**snapshot.accepted_input_responses, **matched}
     effects = Effects(accepted_input_responses=matched)
-    return _applied(snapshot, committed_at, effects, task=task, accepted_input_responses=inbox)
+    return _applied(snapshot, committed_at, effects, changes, accepted_input_responses=inbox)
 
 
 def _retry(snapshot: Snapshot, event: Event, committed_at: int) -> Outcome:
@@ -132,7 +140,6 @@ def _retry(snapshot: Snapshot, event: Event, committed_at: int) -> Outcome:
     policy = snapshot.work.retry_policy if snapshot.work is not None else None
     delay = None if policy is None else policy.next_delay(snapshot.retry_count)
     if delay is None:
-        task = _settle(snapshot.task, TaskStatus.FAILED, message, error=error)
         effect = RetryEffect(
             disposition="exhausted",
             retry_at=None,
@@ -143,7 +150,7 @@ def _retry(snapshot: Snapshot, event: Event, committed_at: int) -> Outcome:
             snapshot,
             committed_at,
             Effects(retry=effect),
-            task=task,
+            _settle(TaskStatus.FAILED, message, error=error),
             retry_at=None,
             last_failure=failure,
         )
@@ -156,7 +163,7 @@ def _retry(snapshot: Snapshot, event: Event, committed_at: int) -> Outcome:
         snapshot,
         committed_at,
         Effects(retry=effect),
-        task=snapshot.task,
+        {},
         retry_count=count,
         retry_at=retry_at,
         last_failure=failure,

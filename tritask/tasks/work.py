@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -21,12 +21,15 @@ __all__ = [
     "RetryPolicy",
     "Work",
     "canonical_json",
+    "canonical_text",
+    "clone_json",
     "ensure_json",
     "ensure_json_object",
     "expect_keys",
 ]
 
 JSONObject = dict[str, Any]
+_T = TypeVar("_T")
 MAX_DELAY_MS = 4_294_967_295
 _MAX_DEPTH = 200
 
@@ -49,7 +52,38 @@ def ensure_json(value: object, *, what: str = "value") -> Any:
     return _copy(value, what, 0)
 
 
+_SCALARS = frozenset({str, int, bool, type(None)})
+"""Exact types whose values are immutable JSON as they are (subclasses take the slow path)."""
+
+
 def _copy(value: object, what: str, depth: int) -> Any:
+    kind = type(value)
+    if kind in _SCALARS:
+        if depth > _MAX_DEPTH:
+            raise InvalidJSON(f"{what} is nested more than {_MAX_DEPTH} levels deep")
+        return value
+    if kind is dict or kind is list:
+        if depth >= _MAX_DEPTH and (depth > _MAX_DEPTH or value):
+            raise InvalidJSON(f"{what} is nested more than {_MAX_DEPTH} levels deep")
+        deeper = depth + 1
+        if kind is list:
+            return [
+                item if type(item) in _SCALARS else _copy(item, what, deeper)
+                for item in value  # type: ignore[attr-defined]
+            ]
+        out: dict[str, Any] = {}
+        for key, item in value.items():  # type: ignore[attr-defined]
+            if type(key) is not str:
+                if not isinstance(key, str):
+                    raise InvalidJSON(f"{what} has a non-string object key {key!r}")
+                key = str.__str__(key)
+            out[key] = item if type(item) in _SCALARS else _copy(item, what, deeper)
+        return out
+    return _copy_other(value, what, depth)
+
+
+def _copy_other(value: object, what: str, depth: int) -> Any:
+    """Floats and subclasses of the JSON types (normalised to the base type)."""
     if depth > _MAX_DEPTH:
         raise InvalidJSON(f"{what} is nested more than {_MAX_DEPTH} levels deep")
     if value is None:
@@ -86,7 +120,51 @@ def ensure_json_object(value: object, *, what: str = "value") -> JSONObject:
 
 def canonical_json(value: object) -> str:
     """Sorted, compact JSON text: exact equality for JSON values (``1 != 1.0 != true``)."""
-    return json.dumps(ensure_json(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return canonical_text(ensure_json(value))
+
+
+def canonical_text(value: Any) -> str:
+    """:func:`canonical_json` of a value that is already checked JSON (the output of
+    :func:`ensure_json`, e.g. a field of a ``Work`` or an ``Event``): nothing is copied."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def clone_json(value: _T) -> _T:
+    """A deep copy of a value that is already checked JSON (the output of :func:`ensure_json`,
+    so containers are exactly ``dict`` and ``list``). Nothing is checked again: use it to hand
+    out an owned value, never on anything that came from outside."""
+    kind = type(value)
+    if kind is dict:
+        return {  # type: ignore[return-value]
+            key: clone_json(item) if type(item) in _CONTAINERS else item
+            for key, item in value.items()  # type: ignore[attr-defined]
+        }
+    if kind is list:
+        return [  # type: ignore[return-value]
+            clone_json(item) if type(item) in _CONTAINERS else item
+            for item in value  # type: ignore[attr-defined]
+        ]
+    return value
+
+
+_CONTAINERS = (dict, list)
+
+
+def unchecked_evolve(record: _T, **changes: Any) -> _T:
+    """A copy of a frozen attrs ``record`` with ``changes``, built without converters,
+    validators or ``__attrs_post_init__``.
+
+    Only for values the caller has already checked and owns (a store copying its own valid
+    state to hand it out); every other construction goes through the class.
+    """
+    new = object.__new__(type(record))
+    for field in attrs.fields(type(record)):  # type: ignore[arg-type]
+        name = field.name
+        value = changes.pop(name) if name in changes else getattr(record, name)
+        object.__setattr__(new, name, value)
+    if changes:
+        raise TypeError(f"unknown fields {sorted(changes)}")
+    return new
 
 
 def expect_keys(doc: object, keys: Iterable[str], what: str) -> Mapping[str, Any]:
