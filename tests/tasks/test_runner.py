@@ -325,6 +325,60 @@ async def test_max_runtime_fails_the_task_and_cancels_the_worker(
     assert env.history_kinds(task_id) == ["failed"]
 
 
+async def test_staggered_attempts_each_get_their_own_exact_runtime_limit(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    """One timer serves every attempt: a limit shorter than the heartbeat, attempts started at
+    different times, and each is stopped exactly max_runtime_ms after its own start."""
+    env = await start_env(
+        nursery,
+        task_support={"forever": "required"},
+        runner_options={"max_runtime_ms": 1_500, "lease_ms": 30_000},
+    )
+    cancelled_at: dict[str, float] = {}
+
+    @env.app.tool()
+    async def forever(ctx: Context) -> str:
+        """Never returns on its own."""
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            assert ctx.task_id is not None
+            cancelled_at[ctx.task_id] = trio.current_time()
+            raise
+        return "unreachable"
+
+    first = await env.create("forever")
+    await trio.sleep_until(1.0)
+    second = await env.create("forever")
+    await trio.sleep_until(1.25)
+    third = await env.create("forever")
+    for task_id in (first, second, third):
+        await env.wait_status(task_id, "failed")
+    assert cancelled_at == {first: 1.5, second: 2.5, third: 2.75}
+    assert env.named(ins.LEASE_RENEWED) == []  # all ended before their first heartbeat (10 s)
+
+
+async def test_an_attempt_that_ends_before_its_first_heartbeat_never_renews(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    env = await start_env(
+        nursery, task_support={"short": "required"}, runner_options={"lease_ms": 3_000}
+    )
+
+    @env.app.tool()
+    async def short() -> str:
+        """Ends just before its first heartbeat is due."""
+        await trio.sleep(0.999)
+        return "done"
+
+    task_id = await env.create("short")
+    await env.wait_status(task_id, "completed")
+    await trio.sleep(10)
+    assert env.named(ins.LEASE_RENEWED) == []
+    assert env.runner.statistics().jobs == 0
+
+
 # -- reaping ------------------------------------------------------------------------------------
 
 

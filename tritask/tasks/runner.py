@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import secrets
 from collections import deque
 from collections.abc import Callable
@@ -117,6 +118,7 @@ class _Job:
     retry_delay_ms: int | None = None
     terminal: bool = False
     released: bool = False
+    attempt: trio.Nursery | None = None
 
 
 @attrs.define(eq=False)
@@ -211,6 +213,12 @@ class Runner:
         self._started_count = 0
         self._stopped_count = 0
         self._cm_nursery: Any = None
+        # Due times (trio clock) of each attempt's first heartbeat and of its runtime limit.
+        # Every attempt waits the same interval, so insertion order is due order: the first
+        # item is always the earliest. One timer task serves them all (see _timer_loop).
+        self._heartbeat_due: dict[_Job, float] = {}
+        self._runtime_due: dict[_Job, float] = {}
+        self._timer_added = trio.Event()
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -231,6 +239,7 @@ class Runner:
                     nursery.start_soon(self._wakeup_loop, self.store)
                 if self.reap_interval_ms is not None:
                     nursery.start_soon(self._reap_loop)
+                nursery.start_soon(self._timer_loop)
                 task_status.started(self)
                 await self._stopping.wait()
                 with trio.CancelScope(shield=True):
@@ -582,7 +591,17 @@ class Runner:
                 task_id=lease.task_id,
                 idempotency_key=snapshot.work.idempotency_key,
             )
-        await nursery.start(self._job_main, job)
+        # Registered before the attempt's task first runs: a stop requested meanwhile cancels
+        # job.scope before it is entered, and the attempt then exits at once through _finish.
+        self._jobs[job.task_id] = job
+        self._started_count += 1
+        self._peak = max(self._peak, len(self._jobs))
+        self._emit(
+            ins.JOB_START,
+            {"jobs": len(self._jobs), "system_time": trio.current_time()},
+            {"task_id": job.task_id, "revision": job.revision, "source": job.source},
+        )
+        nursery.start_soon(self._job_main, job)
 
     def _schedule_retry(self, task_id: str, delay_ms: int) -> None:
         nursery = self._nursery
@@ -621,28 +640,60 @@ class Runner:
 
     # -- one attempt ---------------------------------------------------------------------
 
-    async def _job_main(self, job: _Job, *, task_status: trio.TaskStatus[None]) -> None:
-        self._jobs[job.task_id] = job
-        self._started_count += 1
-        self._peak = max(self._peak, len(self._jobs))
-        self._emit(
-            ins.JOB_START,
-            {"jobs": len(self._jobs), "system_time": trio.current_time()},
-            {"task_id": job.task_id, "revision": job.revision, "source": job.source},
-        )
+    async def _job_main(self, job: _Job) -> None:
+        """One attempt. Its heartbeat and runtime limit are started in its nursery by the
+        runner's timer only when due, so an attempt that ends sooner never spawns them."""
         try:
             with job.scope:
-                task_status.started()
                 async with trio.open_nursery() as attempt:
-                    attempt.start_soon(self._heartbeat, job)
-                    if self.max_runtime_ms is not None:
-                        attempt.start_soon(self._runtime_limit, job)
-                    outcome = await self._execute(job)
-                    await self._settle(job, outcome)
+                    job.attempt = attempt
+                    self._add_timers(job)
+                    try:
+                        outcome = await self._execute(job)
+                        await self._settle(job, outcome)
+                    finally:
+                        self._drop_timers(job)
                     attempt.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
                 await self._finish(job)
+
+    def _add_timers(self, job: _Job) -> None:
+        now = trio.current_time()
+        tables = [(self._heartbeat_due, self.heartbeat_ms)]
+        if self.max_runtime_ms is not None:
+            tables.append((self._runtime_due, self.max_runtime_ms))
+        for due, interval_ms in tables:
+            if not due:  # a new head: the timer may be waiting for something later
+                self._timer_added.set()
+            due[job] = now + interval_ms / 1000
+
+    def _drop_timers(self, job: _Job) -> None:
+        self._heartbeat_due.pop(job, None)
+        self._runtime_due.pop(job, None)
+
+    async def _timer_loop(self) -> None:
+        """Start each attempt's heartbeat and runtime limit in its own nursery when due."""
+        while True:
+            earliest = math.inf
+            for due in (self._heartbeat_due, self._runtime_due):
+                if due:
+                    earliest = min(earliest, next(iter(due.values())))
+            with trio.move_on_at(earliest):
+                await self._timer_added.wait()
+            self._timer_added = trio.Event()
+            now = trio.current_time()
+            for due, helper in (
+                (self._heartbeat_due, self._heartbeat),
+                (self._runtime_due, self._runtime_limit),
+            ):
+                while due:
+                    job, at = next(iter(due.items()))
+                    if at > now:
+                        break
+                    del due[job]
+                    assert job.attempt is not None
+                    job.attempt.start_soon(helper, job)
 
     async def _execute(self, job: _Job) -> Outcome:
         executor = self.executor
@@ -773,8 +824,12 @@ class Runner:
         await job.done.wait()
 
     async def _heartbeat(self, job: _Job) -> None:
+        """Renew now (the first heartbeat is due), then every ``heartbeat_ms``."""
+        first = True
         while True:
-            await trio.sleep(self.heartbeat_ms / 1000)
+            if not first:
+                await trio.sleep(self.heartbeat_ms / 1000)
+            first = False
             try:
                 async with job.lease_lock:
                     if job.released:  # settled: the claim is gone, the attempt is ending
@@ -818,8 +873,7 @@ class Runner:
                 waiter.deliver(response)
 
     async def _runtime_limit(self, job: _Job) -> None:
-        assert self.max_runtime_ms is not None
-        await trio.sleep(self.max_runtime_ms / 1000)
+        """The attempt has run ``max_runtime_ms`` (started by the timer when due)."""
         if job.stop_reason is not None or job.settling:
             return
         job.stop_reason = "max_runtime"
