@@ -6,11 +6,17 @@ background: a ``trio.CapacityLimiter`` of ``size`` hands out connections, each c
 ``trio.to_thread`` hop (do a whole transaction per hop: the hop costs more than a round trip),
 and idle connections wait in a list.
 
-Cancellation really stops the query: the worker thread is never abandoned (an abandoned thread
-keeps the connection busy and the query running), a shielded sibling sends
-``conn.cancel_safe()`` when trio cancels the caller, and the resulting ``QueryCanceled`` becomes
-trio's ``Cancelled``. The connection goes back to the pool only after that sibling has finished,
-so a late cancel request can never hit another caller's query.
+Cancellation really stops the query: when trio cancels the caller, it sends
+``conn.cancel_safe()`` (shielded, in its own hop) and then waits, still shielded, for the worker
+thread to finish, so the thread is never left behind holding the connection, and the resulting
+``QueryCanceled`` becomes trio's ``Cancelled``. The connection goes back to the pool only after
+both have finished, so a late cancel request can never hit another caller's query.
+
+That wait needs no sibling task per call: each hop passes ``trio.to_thread.run_sync`` a
+``_Hop`` as its limiter (a CapacityLimiter-like object, as trio documents), whose
+``release_on_behalf_of`` trio calls in the trio thread once the worker thread is done, also when
+the caller has stopped waiting for it (``abandon_on_cancel=True`` only lets the caller react at
+once; the result is still collected).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from __future__ import annotations
 import logging
 import select
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import outcome
 import psycopg
@@ -73,6 +79,7 @@ class ConnectionPool:
         self._limiter = trio.CapacityLimiter(size)
         # Own thread limiters: the callers already hold ``_limiter``, so these never block, but
         # they keep database threads out of trio's process-wide default limiter (40 threads).
+        # A call's own hop is limited by ``_limiter`` alone (see ``_Hop``).
         self._threads = trio.CapacityLimiter(size)
         self._cancellers = trio.CapacityLimiter(size)
         self._idle: list[psycopg.Connection[Any]] = []
@@ -130,42 +137,40 @@ class ConnectionPool:
     async def _call(
         self, conn: psycopg.Connection[Any], fn: Callable[[psycopg.Connection[Any]], T]
     ) -> T:
-        """The verified recipe: an un-abandoned thread plus a shielded ``cancel_safe`` sibling.
+        """One hop; on cancellation a server-side cancel, then a shielded wait for the thread.
 
-        Neither the body nor the sibling lets an exception out of the nursery (the outcome is
-        captured, the sibling absorbs the cancellation it exists to react to), so callers see
-        the store's own exceptions and a plain ``Cancelled``, never an ``ExceptionGroup``.
+        Callers see the store's own exceptions and a plain ``Cancelled``. A call whose thread
+        finished its work although the caller was cancelled (the cancel came too late) returns
+        that result, as an uncancelled call would; the caller's next checkpoint raises.
         """
-        finished = False
-
-        async def cancel_on_cancellation() -> None:
-            try:
-                await trio.sleep_forever()
-            except trio.Cancelled:
-                if not finished:
-                    with trio.CancelScope(shield=True):
-                        await trio.to_thread.run_sync(
-                            _cancel_quietly, conn, limiter=self._cancellers
-                        )
-                # This task only reacts to cancellation; the caller's Cancelled is raised below.
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(cancel_on_cancellation)
-            try:
-                result = await outcome.acapture(self._in_thread, conn, fn)
-            finally:
-                finished = True
-                nursery.cancel_scope.cancel()
+        hop: _Hop[T] = _Hop(fn)
+        try:
+            result = await trio.to_thread.run_sync(
+                hop.run,
+                conn,
+                # A CapacityLimiter-like object, as trio.to_thread.run_sync documents.
+                limiter=cast(trio.CapacityLimiter, hop),
+                abandon_on_cancel=True,
+            )
+        except trio.Cancelled:
+            if not hop.started:
+                raise  # cancelled before the thread was handed the call
+            with trio.CancelScope(shield=True):
+                if not hop.finished:
+                    await trio.to_thread.run_sync(_cancel_quietly, conn, limiter=self._cancellers)
+                await hop.wait_finished()
+            late = hop.result
+            assert late is not None
+            if isinstance(late, outcome.Error) and isinstance(
+                late.error, psycopg.errors.QueryCanceled
+            ):
+                raise  # our cancel stopped the query
+            return late.unwrap()
         if isinstance(result, outcome.Error) and isinstance(
             result.error, psycopg.errors.QueryCanceled
         ):
             await trio.lowlevel.checkpoint()  # raises Cancelled if the cancel was ours
         return result.unwrap()
-
-    async def _in_thread(
-        self, conn: psycopg.Connection[Any], fn: Callable[[psycopg.Connection[Any]], T]
-    ) -> T:
-        return await trio.to_thread.run_sync(fn, conn, limiter=self._threads)
 
     async def aclose(self) -> None:
         """Close the idle connections; busy ones are closed when their call returns."""
@@ -176,6 +181,48 @@ class ConnectionPool:
                 await trio.to_thread.run_sync(_close_all, idle, limiter=self._threads)
         else:
             await trio.lowlevel.checkpoint()
+
+
+class _Hop(Generic[T]):
+    """One call's thread hop, and its ``trio.to_thread.run_sync`` limiter.
+
+    As a limiter it never limits (callers hold the pool's ``_limiter``), it only observes:
+    ``acquire_on_behalf_of`` runs just before trio hands ``run`` to a worker thread, and
+    ``release_on_behalf_of`` in the trio thread once that thread is done, even when the caller
+    stopped waiting for it. Everything but ``run`` happens in the trio thread.
+    """
+
+    __slots__ = ("_done", "_fn", "finished", "result", "started")
+
+    def __init__(self, fn: Callable[[psycopg.Connection[Any]], T]) -> None:
+        self._fn = fn
+        self.started = False
+        self.finished = False
+        self.result: outcome.Outcome[T] | None = None
+        self._done: trio.Event | None = None
+
+    def run(self, conn: psycopg.Connection[Any]) -> outcome.Outcome[T]:
+        """In the worker thread: never raises, so trio always delivers the outcome."""
+        result = outcome.capture(self._fn, conn)
+        self.result = result
+        return result
+
+    async def acquire_on_behalf_of(self, borrower: object) -> None:
+        # No checkpoint: trio.to_thread.run_sync has just checked for cancellation, and the
+        # hop itself is the schedule point.
+        self.started = True
+
+    def release_on_behalf_of(self, borrower: object) -> None:
+        self.finished = True
+        if self._done is not None:
+            self._done.set()
+
+    async def wait_finished(self) -> None:
+        if self.finished:
+            await trio.lowlevel.checkpoint()
+            return
+        self._done = trio.Event()
+        await self._done.wait()
 
 
 def _cancel_quietly(conn: psycopg.Connection[Any]) -> None:

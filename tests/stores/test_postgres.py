@@ -395,6 +395,56 @@ async def test_pool_cancels_a_running_query_and_reuses_the_connection(postgres_d
     await assert_disconnected(postgres_dsn, app)
 
 
+async def test_pool_returns_a_result_that_beat_the_cancellation(postgres_dsn: str) -> None:
+    """A call cancelled while its thread runs waits for that thread (the connection is never
+    left busy), and a thread that finished its work anyway delivers its result; the caller's
+    next checkpoint is cancelled. A call cancelled before its hop never runs."""
+    app = f"tritask-pool-late-{time.monotonic_ns()}"
+    pool = ConnectionPool(postgres_dsn, size=1, connect_kwargs={"application_name": app})
+    entered, gate = threading.Event(), threading.Event()
+    results: list[object] = []
+
+    def late(conn: psycopg.Connection[Any]) -> str:
+        entered.set()
+        gate.wait()  # no query runs: the cancel request finds the backend idle
+        return "late"
+
+    def backend(conn: psycopg.Connection[Any]) -> int:
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+        assert row is not None
+        return int(row[0])
+
+    try:
+        pid = await pool.run(backend)
+        scope = trio.CancelScope()
+
+        async def caller() -> None:
+            with scope:
+                results.append(await pool.run(late))
+                await trio.lowlevel.checkpoint()
+                results.append("not cancelled")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(caller)
+            await trio.to_thread.run_sync(entered.wait)
+            scope.cancel()  # the caller stops waiting at once; its thread is still in ``late``
+            gate.set()
+        assert results == ["late"]
+        assert scope.cancelled_caught
+
+        ran: list[bool] = []
+        with trio.CancelScope() as early:
+            early.cancel()
+            await pool.run(lambda conn: ran.append(True))
+        assert early.cancelled_caught
+        assert ran == []
+        assert await pool.run(backend) == pid  # the same connection, still usable
+    finally:
+        gate.set()
+        await pool.aclose()
+    await assert_disconnected(postgres_dsn, app)
+
+
 async def test_lock_timeout_is_database_busy(pg_schemas: SchemaFactory) -> None:
     schema = await pg_schemas.migrated()
     async with pg_store(pg_schemas, schema, pool_size=1, lock_timeout_ms=100) as store:
