@@ -102,7 +102,13 @@ class ConnectionPool:
 
     async def run(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
         """Run ``fn(conn)`` in a worker thread on a pooled connection (one hop)."""
-        async with self._limiter:
+        try:
+            # Fair like ``acquire()`` (it refuses while others wait), without its extra
+            # schedule point: the hop below checks for cancellation and yields anyway.
+            self._limiter.acquire_nowait()
+        except trio.WouldBlock:
+            await self._limiter.acquire()
+        try:
             if self._closed:
                 raise trio.ClosedResourceError("the store is closed")
             conn = await self._checkout()
@@ -112,6 +118,8 @@ class ConnectionPool:
                 # A failed or cancelled transaction was rolled back: the connection is reusable
                 # unless it broke, so decide by its state, not by the exception.
                 self._checkin(conn)
+        finally:
+            self._limiter.release()
 
     async def _checkout(self) -> psycopg.Connection[Any]:
         while self._idle:
