@@ -2,15 +2,18 @@
 
 How it works, and why:
 
-* **One connection, one hop per operation.** Every operation is one whole transaction run by
-  ONE ``trio.to_thread.run_sync`` call on the store's connection, serialised in arrival order by
-  a fair ``trio.Lock`` (no thread of the store's own: threads are trio's, for blocking database
-  calls only). Each operation commits on its own before it is acknowledged. A trio cancellation
-  while waiting for the lock leaves the operation unrun; while it runs, a shielded sibling calls
-  ``Connection.interrupt()``, the caller waits for the thread to come back (the transaction is
-  rolled back), then raises ``Cancelled``; the connection stays usable. An operation that
-  committed before the interrupt landed returns its result instead (trio's rule: ``Cancelled``
-  means it did not happen).
+* **One connection, operations in arrival order.** Every operation is one whole transaction
+  run on the store's connection in one of trio's worker threads (no thread of the store's own:
+  threads are trio's, for blocking database calls only). Operations queue on a
+  :class:`~tritask_sqlite._lane.Lane`: the caller that finds it idle runs a
+  ``trio.to_thread.run_sync`` hop that executes its operation and then the ones queued behind
+  it, each its own transaction, committed before its caller is woken, so the connection never
+  waits for the trio loop between two operations. A trio cancellation while queued leaves the
+  operation unrun; while it runs, ``Connection.interrupt()`` (and a progress handler, for the
+  statements after it) aborts it, the caller waits for the thread (the transaction is rolled
+  back), then raises ``Cancelled``; the connection stays usable. An operation that committed
+  before the interrupt landed returns its result instead (trio's rule: ``Cancelled`` means it
+  did not happen).
 * **``BEGIN IMMEDIATE`` for every write that reads.** The write reservation is taken before the
   row or the clock is read, so every decision is made on the latest committed state and a
   read→write upgrade can never fail with ``SQLITE_BUSY`` outside ``busy_timeout``. Creating a
@@ -59,7 +62,6 @@ from types import TracebackType
 from typing import Any, Final, Literal, Self, TypeVar, final
 
 import attrs
-import outcome
 import trio
 
 from tritask.tasks._time import MAX_INSTANT, Clock, format_instant
@@ -117,6 +119,7 @@ from tritask.tasks.store import (
 )
 from tritask.tasks.work import JSONObject, Work, canonical_json
 from tritask_sqlite import schema
+from tritask_sqlite._lane import Lane
 
 __all__ = ["AuditFinding", "AuditPage", "LedgerEntry", "SqliteStore", "StoreLocked"]
 
@@ -173,27 +176,6 @@ class _Insert:
     body: Callable[[sqlite3.Connection, int], tuple[int, Lease | None]]
     single: bool
     snapshot: Callable[[int], Snapshot]
-
-
-@attrs.define
-class _Hop:
-    done: bool = False
-    interrupted: bool = False
-
-
-async def _interrupt_on_cancel(conn: sqlite3.Connection, hop: _Hop) -> None:
-    """Sleep until the hop ends or the caller is cancelled; on the latter, interrupt SQLite.
-
-    The ``Cancelled`` is not re-raised here: the caller's own checkpoint after the thread
-    returns raises it (cancellation is level-triggered), so nothing is lost, and the caller gets
-    a plain ``Cancelled`` instead of an exception group.
-    """
-    try:
-        await trio.sleep_forever()
-    except trio.Cancelled:
-        if not hop.done:
-            hop.interrupted = True
-            conn.interrupt()
 
 
 def _dump(value: object) -> str:
@@ -377,6 +359,7 @@ class SqliteStore:
         self._lock = trio.Lock()
         self._state: Literal["new", "open", "closed"] = "new"
         self._conn: sqlite3.Connection | None = None
+        self._lane: Lane | None = None
         self._lock_fd: int | None = None
         self._store_uuid = ""
         self._epoch = 0
@@ -412,6 +395,7 @@ class SqliteStore:
                 await trio.to_thread.run_sync(_close, conn, lock_fd)
                 raise trio.ClosedResourceError("the store was closed while opening")
             self._conn, self._lock_fd = conn, lock_fd
+            self._lane = Lane(conn)
             self._store_uuid, self._epoch = info.store_id, info.boot_epoch
             self._id = self._instance_id(info.boot_epoch)
             self._state = "open"
@@ -457,8 +441,11 @@ class SqliteStore:
         self._state = "closed"
         with trio.CancelScope(shield=True):
             async with self._lock:
+                if self._lane is not None:
+                    await self._lane.wait_idle()
                 conn, lock_fd = self._conn, self._lock_fd
                 self._conn = self._lock_fd = None
+                self._lane = None
                 if conn is not None or lock_fd is not None:
                     await trio.to_thread.run_sync(_close, conn, lock_fd)
 
@@ -487,25 +474,10 @@ class SqliteStore:
     # -- the thread hop -----------------------------------------------------------------------
 
     async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn(connection)`` in a worker thread: one hop, interrupted on cancellation."""
-        async with self._lock:
-            self._ensure_open()
-            conn = self._conn
-            assert conn is not None
-            hop = _Hop()
-
-            async def in_thread() -> T:
-                return await trio.to_thread.run_sync(fn, conn)
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_interrupt_on_cancel, conn, hop)
-                with trio.CancelScope(shield=True):
-                    result = await outcome.acapture(in_thread)
-                hop.done = True
-                nursery.cancel_scope.cancel()
-        if hop.interrupted and isinstance(result, outcome.Error):
-            await trio.lowlevel.checkpoint()  # raises the caller's Cancelled
-        return result.unwrap()
+        """Run ``fn(connection)`` in a worker thread, in arrival order (see :mod:`._lane`)."""
+        self._ensure_open()
+        assert self._lane is not None
+        return await self._lane.run(fn)
 
     async def _transact(
         self, body: Callable[[sqlite3.Connection, int], T], *, write: bool, single: bool = False
