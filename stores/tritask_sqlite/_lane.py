@@ -88,6 +88,7 @@ class Lane:
             await self._idle.wait()
 
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        await trio.lowlevel.checkpoint_if_cancelled()  # cancelled already: run nothing
         op = _Op(fn)
         with self._mutex:
             self._queue.append(op)

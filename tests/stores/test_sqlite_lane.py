@@ -268,3 +268,15 @@ async def test_wait_idle_waits_for_queued_work(conn: sqlite3.Connection) -> None
             release.set()
     assert idle.is_set()
     assert ran == [0, 1]
+
+
+async def test_an_already_cancelled_caller_runs_nothing(conn: sqlite3.Connection) -> None:
+    lane = Lane(conn)
+    ran: list[int] = []
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await lane.run(op(ran, 1))
+    assert scope.cancelled_caught
+    assert ran == []
+    assert (lane.hops, lane.operations) == (0, 0)
+    assert await lane.run(op(ran, 2)) == 20
