@@ -139,6 +139,34 @@ class Task:
     used_input_keys: frozenset[str] = attrs.field(default=frozenset(), converter=_used_keys)
 
     def __attrs_post_init__(self) -> None:
+        # Fast path: a sufficient condition for every check below, in one expression (this runs
+        # on every transition). Anything it does not vouch for gets the full, explained checks.
+        status, message, requests = self.status, self.status_message, self.input_requests
+        created, updated, ttl, poll = (
+            self.created_at,
+            self.last_updated_at,
+            self.ttl_ms,
+            self.poll_interval_ms,
+        )
+        if (
+            type(self.id) is str
+            and 0 < len(self.id.encode()) <= MAX_TASK_ID_BYTES
+            and (message is None or type(message) is str)
+            and type(created) is int
+            and type(updated) is int
+            and 0 <= created <= updated <= MAX_INSTANT
+            and (ttl is None or (type(ttl) is int and ttl > 0))
+            and (poll is None or (type(poll) is int and poll > 0))
+            and (not requests) == (status is not TaskStatus.INPUT_REQUIRED)
+            and (self.result is not None) == (status is TaskStatus.COMPLETED)
+            and (self.error is None or status is TaskStatus.FAILED)
+            and (message is None or status is not TaskStatus.COMPLETED)
+            and (not requests or requests.keys() <= self.used_input_keys)
+        ):
+            return
+        self._check()
+
+    def _check(self) -> None:
         _require(
             isinstance(self.id, str)
             and bool(self.id)
@@ -249,6 +277,26 @@ class Snapshot:
     accepted_input_responses: dict[str, JSONObject] = attrs.field(factory=dict, converter=_inbox)
 
     def __attrs_post_init__(self) -> None:
+        # Fast path: a sufficient condition for every check below in the common case (no
+        # retries, no input), in one expression. Anything else gets the full checks.
+        task, retry_count, revision = self.task, self.retry_count, self.revision
+        if (
+            type(retry_count) is int
+            and retry_count == 0
+            and type(revision) is int
+            and revision >= 0
+            and self.retry_at is None
+            and self.last_failure is None
+            and (self.work is None or self.work.idempotency_key == task.id)
+            and not self.input_history
+            and not self.accepted_input_responses
+            and not task.used_input_keys
+            and not task.input_requests
+        ):
+            return
+        self._check()
+
+    def _check(self) -> None:
         task = self.task
         terminal = task.status.is_terminal
         _require(_is_int(self.revision) and self.revision >= 0, "revision must be an int >= 0")
@@ -293,6 +341,7 @@ class Snapshot:
 
 
 _Record = TypeVar("_Record", Task, Snapshot, Work)
+_Convert = Callable[[Any], Any]
 
 
 def revise(record: _Record, **changes: Any) -> _Record:
@@ -306,12 +355,12 @@ def revise(record: _Record, **changes: Any) -> _Record:
     """
     cls = type(record)
     new = object.__new__(cls)
-    for field in attrs.fields(cls):
+    for field in cls.__attrs_attrs__:
         name = field.name
         if name in changes:
             value = changes.pop(name)
             if field.converter is not None:
-                value = cast(Callable[[Any], Any], field.converter)(value)
+                value = cast(_Convert, field.converter)(value)
             if field.validator is not None:
                 field.validator(new, field, value)
         else:

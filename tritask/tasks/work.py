@@ -158,7 +158,7 @@ def unchecked_evolve(record: _T, **changes: Any) -> _T:
     state to hand it out); every other construction goes through the class.
     """
     new = object.__new__(type(record))
-    for field in attrs.fields(type(record)):  # type: ignore[arg-type]
+    for field in type(record).__attrs_attrs__:  # type: ignore[attr-defined]
         name = field.name
         value = changes.pop(name) if name in changes else getattr(record, name)
         object.__setattr__(new, name, value)
