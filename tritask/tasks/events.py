@@ -98,6 +98,8 @@ _DATA_KEYS: dict[EventKind, tuple[str, ...]] = {
 
 
 def _kind(value: str) -> EventKind:
+    if type(value) is EventKind:
+        return value
     try:
         return EventKind(value)
     except ValueError:

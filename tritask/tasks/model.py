@@ -7,8 +7,8 @@ reducer, the stores and the decoders cannot produce (or accept) an impossible st
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar, cast
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 import attrs
 
@@ -68,10 +68,12 @@ class TaskStatus(enum.StrEnum):
 
     @property
     def is_terminal(self) -> bool:
-        return self in _TERMINAL
-
-
-_TERMINAL = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED})
+        # Identity, not set membership: an Enum's __hash__ is Python code, and this is hot.
+        return (
+            self is TaskStatus.COMPLETED
+            or self is TaskStatus.FAILED
+            or self is TaskStatus.CANCELLED
+        )
 
 
 def _is_int(value: object) -> bool:
@@ -119,7 +121,7 @@ def _used_keys(value: object) -> frozenset[str]:
 
 
 def _status(value: str) -> TaskStatus:
-    return TaskStatus(value)
+    return value if type(value) is TaskStatus else TaskStatus(value)
 
 
 @attrs.frozen(kw_only=True)
@@ -341,7 +343,6 @@ class Snapshot:
 
 
 _Record = TypeVar("_Record", Task, Snapshot, Work)
-_Convert = Callable[[Any], Any]
 
 
 def revise(record: _Record, **changes: Any) -> _Record:
@@ -360,7 +361,7 @@ def revise(record: _Record, **changes: Any) -> _Record:
         if name in changes:
             value = changes.pop(name)
             if field.converter is not None:
-                value = cast(_Convert, field.converter)(value)
+                value = field.converter(value)  # type: ignore[operator]  # plain functions here
             if field.validator is not None:
                 field.validator(new, field, value)
         else:

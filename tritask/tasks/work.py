@@ -158,12 +158,17 @@ def unchecked_evolve(record: _T, **changes: Any) -> _T:
     state to hand it out); every other construction goes through the class.
     """
     new = object.__new__(type(record))
+    used = 0
     for field in type(record).__attrs_attrs__:  # type: ignore[attr-defined]
         name = field.name
-        value = changes.pop(name) if name in changes else getattr(record, name)
+        if name in changes:
+            value = changes[name]
+            used += 1
+        else:
+            value = getattr(record, name)
         object.__setattr__(new, name, value)
-    if changes:
-        raise TypeError(f"unknown fields {sorted(changes)}")
+    if used != len(changes):
+        raise TypeError(f"{type(record).__name__} has no fields among {sorted(changes)}")
     return new
 
 
