@@ -65,7 +65,7 @@ class HeaderView:
 def decode_header_value(raw: str, header: str) -> str:
     """Trim optional whitespace and undo the base64 sentinel, refusing malformed values."""
     value = raw.strip(" \t")
-    if any(not 0x20 <= ord(ch) <= 0x7E for ch in value):
+    if not _printable_ascii(value):
         # Control characters and non-ASCII travel only inside the base64 sentinel.
         raise HeaderMismatch(f"Header {header} contains invalid characters")
     match = _SENTINEL.match(value)
@@ -83,7 +83,12 @@ def decode_header_value(raw: str, header: str) -> str:
 def needs_encoding(value: str) -> bool:
     if value != value.strip(" \t") or _SENTINEL.match(value):
         return True
-    return any(ord(ch) < 0x20 or ord(ch) > 0x7E for ch in value)
+    return not _printable_ascii(value)
+
+
+def _printable_ascii(value: str) -> bool:
+    """Every character is in 0x20..0x7E (``isprintable`` excludes controls and DEL)."""
+    return value.isascii() and value.isprintable()
 
 
 def encode_header_value(value: str) -> str:
@@ -99,7 +104,10 @@ def single_header(headers: HeaderView, name: str) -> str | None:
         raise HeaderMismatch(f"Header {_display(name)} must not be repeated")
     if not values:
         return None
-    return decode_header_value(values[0], _display(name))
+    raw = values[0]
+    if _printable_ascii(raw) and not raw.startswith(("=?", " ", "\t")) and raw[-1:] not in " \t":
+        return raw  # the common case: nothing to trim, refuse or decode
+    return decode_header_value(raw, _display(name))
 
 
 def _display(name: str) -> str:
