@@ -655,8 +655,11 @@ class Runner:
                         self._drop_timers(job)
                     attempt.cancel_scope.cancel()
         finally:
-            with trio.CancelScope(shield=True):
-                await self._finish(job)
+            if job.released:  # settled: nothing left to await, so no shield is needed
+                self._finished(job, "ok")
+            else:
+                with trio.CancelScope(shield=True):
+                    await self._finish(job)
 
     def _add_timers(self, job: _Job) -> None:
         now = trio.current_time()
@@ -745,10 +748,15 @@ class Runner:
             )
 
     async def _finish(self, job: _Job) -> None:
-        retry = job.retry_delay_ms is not None and job.stop_reason is None
         released: Literal["ok", "stale", "pending"] = "ok"
         if not job.released:  # a settling store released it with the final event
+            retry = job.retry_delay_ms is not None and job.stop_reason is None
             released = await self._release(job.lease, lock=job.lease_lock, retry=retry)
+        self._finished(job, released)
+
+    def _finished(self, job: _Job, released: Literal["ok", "stale", "pending"]) -> None:
+        """The end of an attempt once its claim is released (or its release is pending)."""
+        retry = job.retry_delay_ms is not None and job.stop_reason is None
         release_outcome = "ok" if released == "ok" else "error"
         for waiter in job.waiters.values():
             waiter.fail(StaleAttempt(job.task_id))
