@@ -105,9 +105,10 @@ def _event_text(event: Event) -> str:
 
 @attrs.frozen
 class _Seen:
-    """The original commit of an event id, replayed verbatim for a duplicate."""
+    """The original commit of an event id, replayed verbatim for a duplicate. ``event`` is the
+    store's own copy: its canonical text is only needed when the id comes back."""
 
-    event_json: str
+    event: Event
     event_revision: int
     committed_at: int
     effects: Effects
@@ -429,7 +430,7 @@ class MemoryStore:
         ):
             return None
         seen = entry.seen.get(event.id)
-        if seen is None or seen.event_json != canonical_json(event.to_json()):
+        if seen is None or _event_text(seen.event) != canonical_json(event.to_json()):
             return None
         return self._duplicate(entry, seen)
 
@@ -447,13 +448,12 @@ class MemoryStore:
         self, entry: _Entry, expected_revision: int, event: Event, now: int
     ) -> Transition | Conflict:
         """Replay check, then the revision check, then the reducer (authority already checked)."""
-        # The store's own checked copy of the caller's event: its text, the reducer's input and
-        # the ledger entry all come from it.
+        # The store's own checked copy of the caller's event: the reducer's input, the ledger
+        # entry and what a resend with the same id is compared with.
         event = Event(event.id, event.kind, event.data)
-        event_json = _event_text(event)
         seen = entry.seen.get(event.id)
         if seen is not None:
-            if seen.event_json != event_json:
+            if _event_text(seen.event) != _event_text(event):
                 raise EventIdReused(event.id)
             return self._duplicate(entry, seen)
         if entry.snapshot.revision != expected_revision:
@@ -480,7 +480,7 @@ class MemoryStore:
                 effects=outcome.effects,
             )
         )
-        entry.seen[event.id] = _Seen(event_json, revision, committed_at, outcome.effects)
+        entry.seen[event.id] = _Seen(event, revision, committed_at, outcome.effects)
         if was_active and not entry.active:
             self._deactivate(entry.scope)
         self._reschedule(entry, now)
