@@ -325,6 +325,38 @@ async def test_max_runtime_fails_the_task_and_cancels_the_worker(
     assert env.history_kinds(task_id) == ["failed"]
 
 
+async def test_a_stopped_attempt_that_shields_its_exit_is_not_heartbeated_any_more(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The heartbeat belongs to the attempt: once the attempt is stopped (here: cancelled at
+    2.5 s) no renewal happens, even while the worker takes 20 s to exit."""
+    env = await start_env(
+        nursery,
+        task_support={"stubborn": "required"},
+        runner_options={"lease_ms": 3_000, "heartbeat_ms": 1_000},
+    )
+    exited_at: list[float] = []
+
+    @env.app.tool()
+    async def stubborn() -> str:
+        """Shields its cleanup from cancellation."""
+        try:
+            await trio.sleep_forever()
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.sleep(20)
+            exited_at.append(trio.current_time())
+        return "unreachable"
+
+    task_id = await env.create("stubborn")
+    await trio.sleep_until(2.5)
+    await env.result("tasks/cancel", {"taskId": task_id})
+    assert exited_at == [22.5]  # the cancel waits for the attempt to exit
+    renewed = [md["task_id"] for _, md in env.named(ins.LEASE_RENEWED)]
+    assert renewed == [task_id, task_id]  # at 1 s and 2 s, none after the stop
+    assert [md["outcome"] for md in await wait_stops(env.events, task_id)] == ["cancelled"]
+
+
 async def test_staggered_attempts_each_get_their_own_exact_runtime_limit(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:

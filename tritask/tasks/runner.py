@@ -18,7 +18,7 @@ import logging
 import math
 import secrets
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -118,7 +118,9 @@ class _Job:
     retry_delay_ms: int | None = None
     terminal: bool = False
     released: bool = False
-    attempt: trio.Nursery | None = None
+    helpers: set[trio.CancelScope] | None = None
+    """Cancel scopes of the attempt's running heartbeat / runtime-limit tasks (if any)."""
+    helpers_idle: trio.Event | None = None
 
 
 @attrs.define(eq=False)
@@ -641,20 +643,21 @@ class Runner:
     # -- one attempt ---------------------------------------------------------------------
 
     async def _job_main(self, job: _Job) -> None:
-        """One attempt. Its heartbeat and runtime limit are started in its nursery by the
-        runner's timer only when due, so an attempt that ends sooner never spawns them."""
+        """One attempt. Its heartbeat and runtime limit are started by the runner's timer only
+        when due (see _spawn_helper), so an attempt that ends sooner never has them, and needs
+        no nursery of its own."""
         try:
             with job.scope:
-                async with trio.open_nursery() as attempt:
-                    job.attempt = attempt
-                    self._add_timers(job)
-                    try:
-                        outcome = await self._execute(job)
-                        await self._settle(job, outcome)
-                    finally:
-                        self._drop_timers(job)
-                    attempt.cancel_scope.cancel()
+                self._add_timers(job)
+                try:
+                    outcome = await self._execute(job)
+                    await self._settle(job, outcome)
+                finally:
+                    self._drop_timers(job)
         finally:
+            if job.helpers:
+                with trio.CancelScope(shield=True):
+                    await self._stop_helpers(job)
             if job.released:  # settled: nothing left to await, so no shield is needed
                 self._finished(job, "ok")
             else:
@@ -695,8 +698,42 @@ class Runner:
                     if at > now:
                         break
                     del due[job]
-                    assert job.attempt is not None
-                    job.attempt.start_soon(helper, job)
+                    self._spawn_helper(job, helper)
+
+    def _spawn_helper(self, job: _Job, helper: Callable[[_Job], Awaitable[None]]) -> None:
+        """Run ``helper(job)`` beside the attempt, in a scope the attempt's stop cancels (as if
+        it ran inside ``job.scope``); the attempt waits for it before it finishes."""
+        if job.scope.cancel_called:
+            return  # a stopped attempt: the helper would be cancelled at once anyway
+        assert self._nursery is not None
+        scope = trio.CancelScope()
+        if job.helpers is None:
+            job.helpers = set()
+        job.helpers.add(scope)
+        self._nursery.start_soon(self._run_helper, job, helper, scope)
+
+    @staticmethod
+    async def _run_helper(
+        job: _Job, helper: Callable[[_Job], Awaitable[None]], scope: trio.CancelScope
+    ) -> None:
+        try:
+            with scope:
+                await helper(job)
+        finally:
+            assert job.helpers is not None
+            job.helpers.discard(scope)
+            if not job.helpers and job.helpers_idle is not None:
+                job.helpers_idle.set()
+
+    @staticmethod
+    async def _stop_helpers(job: _Job) -> None:
+        """Cancel the attempt's helpers and wait until they have exited."""
+        assert job.helpers is not None
+        job.helpers_idle = trio.Event()
+        for scope in job.helpers:
+            scope.cancel()
+        while job.helpers:
+            await job.helpers_idle.wait()
 
     async def _execute(self, job: _Job) -> Outcome:
         executor = self.executor
@@ -825,6 +862,8 @@ class Runner:
             job.stop_reason = reason
         job.token.cancel()
         job.scope.cancel()
+        for helper in job.helpers or ():
+            helper.cancel()
 
     async def _stop_job(self, job: _Job, reason: str) -> None:
         """Cancel an attempt's scope and wait until it has exited (its lease is released)."""
