@@ -239,6 +239,41 @@ async def test_caller_mutation_cannot_change_stored_state() -> None:
     assert replay.outcome == "duplicate"
 
 
+async def test_caller_mutation_cannot_reach_shared_input_state() -> None:
+    """The reducer shares unchanged JSON between revisions; what the store hands out and what
+    it was given are still independent of its state."""
+    store = shared(ManualClock())
+    await create(store, "t")
+    claimed = await store.claim("t", "o", 1000)
+    assert isinstance(claimed, Claimed)
+    request = {"method": "elicitation/create", "params": {"fields": ["a"]}}
+    event = Event.input_requested("k", request, id="ask")
+    asked = await store.transition("t", 0, event, WorkerAuthority(claimed.lease))
+    assert isinstance(asked, Transition)
+    request["params"]["fields"].append("mutated")
+    event.data["request"]["method"] = "mutated"
+    asked.snapshot.task.input_requests["k"]["params"]["fields"].clear()
+    asked.snapshot.input_history["k"]["method"] = "mutated"
+    assert asked.snapshot.work is not None
+    asked.snapshot.work.input["arguments"]["x"] = 1
+    answered = await store.transition(
+        "t",
+        1,
+        Event.input_responses_accepted({"k": {"action": "accept"}}),
+        RequestAuthority(await store.authorize(None, Action.UPDATE, "t")),
+    )
+    assert isinstance(answered, Transition)
+    answered.snapshot.accepted_input_responses["k"]["action"] = "mutated"
+    stored = await store.get("t", await store.authorize(None, Action.GET, "t"))
+    assert isinstance(stored, Snapshot)
+    original = {"method": "elicitation/create", "params": {"fields": ["a"]}}
+    assert stored.input_history == {"k": original}
+    assert stored.accepted_input_responses == {"k": {"action": "accept"}}
+    assert stored.task.status == "working"
+    assert stored.work is not None and "x" not in stored.work.input["arguments"]
+    assert store.history("t")[0].event.data == {"key": "k", "request": original}
+
+
 async def test_event_replay_compares_exact_json() -> None:
     store = shared(ManualClock())
     await create(store, "t")
