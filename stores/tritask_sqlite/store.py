@@ -70,6 +70,7 @@ from tritask.tasks.model import (
     CorruptRecord,
     Snapshot,
     Task,
+    clone_snapshot,
     initial_snapshot,
     snapshot_from_json,
     snapshot_to_json,
@@ -135,6 +136,13 @@ _COLUMNS = (
     " retry_at_us, claim_owner, claim_token, lease_generation, claim_expires_at_us, claim_epoch"
 )
 _SELECT = f"SELECT {_COLUMNS} FROM tritask_tasks"
+_INSERT_TASK = f"INSERT INTO tritask_tasks ({_COLUMNS}) VALUES ({', '.join('?' * 14)})"
+_INSERT_EVENT = (
+    "INSERT INTO tritask_task_events (task_id, event_id, event, event_kind,"
+    " event_revision, committed_at_us, effects) VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+#: Rows remembered for the planned settle (see ``_Recent``); the oldest is forgotten first.
+_RECENT_LIMIT: Final = 1024
 _WRITE = (
     "UPDATE tritask_tasks SET record_version = ?, record = ?, revision = ?, status = ?,"
     " retry_at_us = ? WHERE task_id = ? AND revision = ?"
@@ -170,12 +178,41 @@ class _Row:
 
 @attrs.frozen
 class _Insert:
-    """A prepared insertion: ``body`` (returns the creation instant and the claim, if any),
-    whether it is a single statement, and the snapshot for a creation instant."""
+    """A prepared insertion: ``body`` (returns the creation instant, the claim if any, and the
+    row exactly as inserted), whether it is a single statement, and the snapshot for a creation
+    instant."""
 
-    body: Callable[[sqlite3.Connection, int], tuple[int, Lease | None]]
+    body: Callable[[sqlite3.Connection, int], tuple[int, Lease | None, tuple[object, ...]]]
     single: bool
     snapshot: Callable[[int], Snapshot]
+
+
+@attrs.frozen
+class _Recent:
+    """A row this store inserted claimed, exactly as stored (``_COLUMNS`` order), with the
+    store's own copy of its snapshot and the claim it holds.
+
+    Why: settling is the hot path of every task, and decoding the row, running the reducer and
+    encoding the result inside the serialised section cost more than the commit itself. When
+    the row read under the write reservation is still exactly this one (every column equal,
+    the record text byte for byte), its snapshot is this one, so the settle can be planned
+    before the operation is queued (see ``SqliteStore._plan_settle``).
+    """
+
+    row: tuple[object, ...]
+    snapshot: Snapshot
+    lease: Lease
+
+
+@attrs.frozen
+class _Planned:
+    """A settle computed from a remembered row, valid only if the stored row is still ``row``."""
+
+    row: tuple[object, ...]
+    lease: Lease
+    record: str
+    effects: str
+    transition: Transition
 
 
 def _dump(value: object) -> str:
@@ -360,6 +397,7 @@ class SqliteStore:
         self._state: Literal["new", "open", "closed"] = "new"
         self._conn: sqlite3.Connection | None = None
         self._lane: Lane | None = None
+        self._recent: dict[str, _Recent] = {}
         self._lock_fd: int | None = None
         self._store_uuid = ""
         self._epoch = 0
@@ -636,7 +674,7 @@ class SqliteStore:
 
     async def create(self, task: Task, work: Work, access: Access) -> Snapshot:
         insert = self._inserter(task, work, access)
-        created_at, _ = await self._transact(insert.body, write=True, single=insert.single)
+        created_at, _, _ = await self._transact(insert.body, write=True, single=insert.single)
         return insert.snapshot(created_at)
 
     async def create_claimed(
@@ -657,9 +695,55 @@ class SqliteStore:
     ) -> Claimed:
         claim = (check_owner(owner_id), check_positive_ms(lease_ms, "lease_ms"))
         insert = self._inserter(task, work, access, stamp=stamp, claim=claim)
-        created_at, lease = await self._transact(insert.body, write=True, single=insert.single)
+        created_at, lease, row = await self._transact(insert.body, write=True, single=insert.single)
         assert lease is not None
-        return Claimed(insert.snapshot(created_at), lease)
+        snapshot = insert.snapshot(created_at)
+        self._remember(_Recent(row, clone_snapshot(snapshot), lease))
+        return Claimed(snapshot, lease)
+
+    def _remember(self, recent: _Recent) -> None:
+        """Keep a claimed row for a planned settle (trio thread only; bounded, oldest out)."""
+        remembered = self._recent
+        if len(remembered) >= _RECENT_LIMIT:
+            del remembered[next(iter(remembered))]
+        remembered[recent.lease.task_id] = recent
+
+    def _plan_settle(
+        self, task_id: str, expected_revision: int, event: Event, lease: Lease
+    ) -> _Planned | None:
+        """The settle computed from the remembered row, outside the serialised section.
+
+        Only for the common case (the lease is the remembered claim, the event applies); the
+        row is taken out, so a plan is made at most once. The commit time is read from the
+        store's clock here, before the write reservation (it still strictly increases per task:
+        the row is verified unchanged); the lease is checked again under the reservation.
+        Anything unusual returns ``None`` and the operation decides it all in the transaction.
+        """
+        recent = self._recent.pop(task_id, None)
+        if recent is None or recent.lease != lease or recent.snapshot.revision != expected_revision:
+            return None
+        snapshot = recent.snapshot
+        committed_at = max(self._read_clock(), snapshot.task.last_updated_at + _COMMIT_STEP_US)
+        try:
+            result = apply(snapshot, event, committed_at)
+        except Exception:  # the transaction decides it again and reports it properly
+            return None
+        if result.kind != "applied":
+            return None
+        new = result.snapshot
+        return _Planned(
+            row=recent.row,
+            lease=lease,
+            record=_dump(snapshot_to_json(new)),
+            effects=_dump(effects_to_json(result.effects)),
+            transition=Transition(
+                outcome="applied",
+                snapshot=new,
+                effects=result.effects,
+                event_revision=new.revision,
+                committed_at=committed_at,
+            ),
+        )
 
     def _inserter(
         self,
@@ -690,7 +774,9 @@ class SqliteStore:
         record_task = document["task"]
         assert isinstance(record_task, dict)
 
-        def body(conn: sqlite3.Connection, now: int) -> tuple[int, Lease | None]:
+        def body(
+            conn: sqlite3.Connection, now: int
+        ) -> tuple[int, Lease | None, tuple[object, ...]]:
             created_at, text = task.created_at, record
             if stamp:
                 if not 0 <= now <= MAX_INSTANT:
@@ -717,32 +803,29 @@ class SqliteStore:
                     expires_at=now + lease_ms * 1000,
                     epoch=self._epoch,
                 )
+            row = (
+                task.id,
+                RECORD_VERSION,
+                text,
+                scope,
+                0,
+                task.status.value,
+                created_at,
+                None if ttl_us is None else created_at + ttl_us,
+                None,
+                *(
+                    (None, None, 0, None, None)
+                    if lease is None
+                    else (lease.owner_id, lease.token, 1, lease.expires_at, lease.epoch)
+                ),
+            )
             try:
-                conn.execute(
-                    "INSERT INTO tritask_tasks (task_id, record_version, record, scope,"
-                    " revision, status, created_at_us, expires_at_us, claim_owner, claim_token,"
-                    " lease_generation, claim_expires_at_us, claim_epoch)"
-                    " VALUES (?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        task.id,
-                        RECORD_VERSION,
-                        text,
-                        scope,
-                        task.status.value,
-                        created_at,
-                        None if ttl_us is None else created_at + ttl_us,
-                        *(
-                            (None, None, 0, None, None)
-                            if lease is None
-                            else (lease.owner_id, lease.token, 1, lease.expires_at, lease.epoch)
-                        ),
-                    ),
-                )
+                conn.execute(_INSERT_TASK, row)
             except sqlite3.IntegrityError as exc:
                 if exc.sqlite_errorcode == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY:
                     raise AlreadyExists(task.id) from None
                 raise
-            return created_at, lease
+            return created_at, lease, row
 
         def stamped(created_at: int) -> Snapshot:
             """The stored record (the store keeps nothing in memory, so the caller may have
@@ -897,6 +980,8 @@ class SqliteStore:
 
     async def release(self, lease: Lease) -> None:
         self._ensure_open()
+        if isinstance(lease, Lease):
+            self._recent.pop(lease.task_id, None)  # a settle would not match it any more
 
         def body(conn: sqlite3.Connection, now: int) -> None:
             row = self._lease_row(conn, lease)
@@ -954,11 +1039,20 @@ class SqliteStore:
         if event.kind not in SETTLE_KINDS:
             raise UnauthorizedAction(f"settle cannot apply {event.kind.value}")
         event_json, event_text = _event_texts(event)
+        planned = self._plan_settle(task_id, expected_revision, event, lease)
 
         def body(conn: sqlite3.Connection, now: int) -> Transition | Conflict | NotFound:
-            row, seen = self._load_seen(conn, task_id, event.id)
-            if row is None:
+            raw = conn.execute(_SELECT_SEEN, (event.id, task_id)).fetchone()
+            if raw is None:
                 return NOT_FOUND
+            if (
+                planned is not None
+                and not raw[-1]
+                and raw[:-1] == planned.row
+                and self._live(planned.lease, now)
+            ):
+                return self._write_planned(conn, planned, event, event_text)
+            row, seen = self._decode(raw[:-1]), bool(raw[-1])
             try:
                 self._check_lease(row, lease, now)
             except StaleLease:
@@ -1004,6 +1098,41 @@ class SqliteStore:
             event_revision=original.revision,
             committed_at=original.committed_at,
         )
+
+    def _write_planned(
+        self, conn: sqlite3.Connection, planned: _Planned, event: Event, event_text: str
+    ) -> Transition:
+        """The planned settle's write: the stored row is exactly the one it was planned on."""
+        transition = planned.transition
+        new = transition.snapshot
+        task_id = new.task.id
+        updated = conn.execute(
+            _WRITE_RELEASING,
+            (
+                RECORD_VERSION,
+                planned.record,
+                new.revision,
+                new.task.status.value,
+                new.retry_at,
+                task_id,
+                planned.row[4],
+            ),
+        )
+        if updated.rowcount != 1:
+            raise CorruptStore(task_id, "the row changed under the write reservation")
+        conn.execute(
+            _INSERT_EVENT,
+            (
+                task_id,
+                event.id,
+                event_text,
+                event.kind.value,
+                new.revision,
+                transition.committed_at,
+                planned.effects,
+            ),
+        )
+        return transition
 
     def _apply(
         self,
@@ -1071,8 +1200,7 @@ class SqliteStore:
         if updated.rowcount != 1:
             raise CorruptStore(task_id, "the row changed under the write reservation")
         conn.execute(
-            "INSERT INTO tritask_task_events (task_id, event_id, event, event_kind,"
-            " event_revision, committed_at_us, effects) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            _INSERT_EVENT,
             (
                 task_id,
                 event.id,

@@ -32,7 +32,7 @@ from tritask_sqlite import (
 from tritask_sqlite.schema import APPLICATION_ID, migrations
 
 from tritask.tasks.events import Effects, Event, RetryEffect
-from tritask.tasks.model import Snapshot, TaskStatus
+from tritask.tasks.model import Snapshot, TaskStatus, new_task
 from tritask.tasks.store import (
     NOT_FOUND,
     UNAVAILABLE,
@@ -49,7 +49,7 @@ from tritask.tasks.store import (
     WorkerAuthority,
 )
 from tritask.tasks.stores import open_store
-from tritask.tasks.work import RetryPolicy
+from tritask.tasks.work import RetryPolicy, Work
 from tritask.testing.store_contract import START, ManualClock, StoreContract, by_tenant, tenant
 
 pytestmark = pytest.mark.contract("tasks-durable-store")
@@ -724,3 +724,112 @@ async def test_history_entries(tmp_path: Path) -> None:
                 effects=Effects.none(),
             )
         ]
+
+
+# -- the planned settle -----------------------------------------------------------------------
+
+
+async def created_claimed(store: SqliteStore, task_id: str) -> Claimed:
+    access = await store.authorize(A, Action.CREATE, task_id)
+    task = new_task(task_id, 0, 60_000, 5)
+    work = Work(idempotency_key=task_id, type="contract", input={"taskId": task_id, "n": [1, 2]})
+    return await store.create_claimed_stamped(task, work, access, "owner-1", LEASE_MS)
+
+
+class PlannedWrites:
+    """Counts the settles written from a plan (the store's fast path)."""
+
+    def __init__(self, store: SqliteStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        write = store._write_planned
+
+        def counted(*args: Any) -> Transition:
+            self.count += 1
+            return write(*args)
+
+        monkeypatch.setattr(store, "_write_planned", counted)
+
+
+async def test_a_planned_settle_stores_exactly_what_it_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = ManualClock()
+    async with sqlite_store(tmp_path / "tasks.db", clock) as store:
+        planned = PlannedWrites(store, monkeypatch)
+        claimed_ = await created_claimed(store, "task-1")
+        clock.advance(7)
+        done = Event.completed({"content": [], "isError": False}, id="done-1")
+        result = await store.settle("task-1", 0, done, claimed_.lease)
+        assert planned.count == 1
+        assert isinstance(result, Transition)
+        assert (result.outcome, result.event_revision) == ("applied", 1)
+        assert result.committed_at == START + 7000
+        stored = await get(store, "task-1")  # decoded strictly from the file
+        assert stored == result.snapshot
+        assert stored.task.status is TaskStatus.COMPLETED
+        assert stored.task.last_updated_at == START + 7000
+        [entry] = await store.history("task-1")
+        assert (entry.event, entry.revision, entry.committed_at) == (done, 1, START + 7000)
+        assert entry.effects == result.effects
+        # the claim was released in the same write, and a resend replays the original
+        with raw(store.path) as conn:
+            assert conn.execute(
+                "SELECT claim_owner, claim_token, claim_expires_at_us, claim_epoch"
+                " FROM tritask_tasks"
+            ).fetchall() == [(None, None, None, None)]
+        again = await store.settle("task-1", 0, done, claimed_.lease)
+        assert isinstance(again, Transition)
+        assert (again.outcome, again.event_revision, again.committed_at) == (
+            "duplicate",
+            1,
+            START + 7000,
+        )
+        assert planned.count == 1
+
+
+async def test_a_changed_row_is_decided_in_the_transaction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rewritten behind the store's back (same JSON, other text): no plan is used."""
+    async with sqlite_store(tmp_path / "tasks.db", ManualClock()) as store:
+        planned = PlannedWrites(store, monkeypatch)
+        claimed_ = await created_claimed(store, "task-1")
+        with raw(store.path) as conn:
+            (record,) = conn.execute("SELECT record FROM tritask_tasks").fetchone()
+            spaced = json.dumps(json.loads(record), indent=1, sort_keys=True)
+            conn.execute("UPDATE tritask_tasks SET record = ?", (spaced,))
+        done = Event.completed({"content": [], "isError": False})
+        result = await store.settle("task-1", 0, done, claimed_.lease)
+        assert planned.count == 0
+        assert isinstance(result, Transition)
+        assert result.outcome == "applied"
+        assert await get(store, "task-1") == result.snapshot
+
+
+async def test_a_planned_settle_still_checks_the_lease_under_the_reservation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = ManualClock()
+    async with sqlite_store(tmp_path / "tasks.db", clock) as store:
+        planned = PlannedWrites(store, monkeypatch)
+        claimed_ = await created_claimed(store, "task-1")
+        clock.advance(LEASE_MS)  # the claim expires exactly now
+        with pytest.raises(StaleLease):
+            await store.settle("task-1", 0, Event.failed(ERROR, "late"), claimed_.lease)
+        assert planned.count == 0
+        assert (await get(store, "task-1")).revision == 0
+
+
+async def test_a_renewed_claim_settles_without_a_plan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with sqlite_store(tmp_path / "tasks.db", ManualClock()) as store:
+        planned = PlannedWrites(store, monkeypatch)
+        claimed_ = await created_claimed(store, "task-1")
+        renewed = await store.renew(claimed_.lease, LEASE_MS)
+        with pytest.raises(StaleLease):
+            await store.settle("task-1", 0, Event.failed(ERROR, "old"), claimed_.lease)
+        result = await store.settle("task-1", 0, Event.failed(ERROR, "new"), renewed)
+        assert isinstance(result, Transition)
+        assert result.snapshot.task.status is TaskStatus.FAILED
+        assert planned.count == 0
