@@ -21,7 +21,6 @@ from tritask.tasks.work import (
     ensure_json,
     ensure_json_object,
     expect_keys,
-    unchecked_evolve,
 )
 
 __all__ = [
@@ -392,20 +391,30 @@ def clone_snapshot(snapshot: Snapshot) -> Snapshot:
     Nothing is checked again (the snapshot is valid by construction): this is how a store hands
     out its state.
     """
-    task, work = snapshot.task, snapshot.work
-    return unchecked_evolve(
+    work = snapshot.work
+    return _clone(
         snapshot,
-        task=unchecked_evolve(
-            task,
-            input_requests=clone_json(task.input_requests),
-            result=clone_json(task.result),
-            error=clone_json(task.error),
-        ),
-        work=None if work is None else unchecked_evolve(work, input=clone_json(work.input)),
-        last_failure=clone_json(snapshot.last_failure),
-        input_history=clone_json(snapshot.input_history),
-        accepted_input_responses=clone_json(snapshot.accepted_input_responses),
+        _SNAPSHOT_JSON,
+        task=_clone(snapshot.task, _TASK_JSON),
+        work=None if work is None else _clone(work, _WORK_JSON),
     )
+
+
+def _clone(record: _Record, json_fields: frozenset[str], **given: Any) -> _Record:
+    """``record`` rebuilt field by field: JSON fields deep-copied, the rest shared (immutable)."""
+    new = object.__new__(type(record))
+    for field in type(record).__attrs_attrs__:
+        name = field.name
+        value = given[name] if name in given else getattr(record, name)
+        if name in json_fields and value is not None:
+            value = clone_json(value)
+        object.__setattr__(new, name, value)
+    return new
+
+
+_TASK_JSON = frozenset({"input_requests", "result", "error"})
+_WORK_JSON = frozenset({"input"})
+_SNAPSHOT_JSON = frozenset({"last_failure", "input_history", "accepted_input_responses"})
 
 
 def initial_snapshot(task: Task, work: Work) -> Snapshot:
