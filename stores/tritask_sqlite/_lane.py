@@ -137,44 +137,47 @@ class Lane:
         return op.result.unwrap()
 
     async def _drive(self, op: _Op) -> None:
-        """Run one hop (``op`` first), then pass the baton on or mark the lane idle."""
+        """Run one hop (``op`` first), then pass the baton on or mark the lane idle.
+
+        No sibling task watches for the driver's cancellation: the hop is started with
+        ``abandon_on_cancel=True`` and a ``_HopWatch`` as its limiter, so a cancelled driver
+        hears of it at once, stops the hop after the current operation (interrupting its own),
+        and waits, shielded, until trio reports the thread done.
+        """
         token = trio.lowlevel.current_trio_token()
         with self._mutex:
             self._stop = False
-        over = False
-
-        async def watch() -> None:
-            try:
-                await trio.sleep_forever()
-            finally:
-                if not over:  # the driver itself was cancelled
-                    with self._mutex:
-                        self._stop = True
-                        if op.state == "queued":
-                            self._queue.remove(op)
-                            op.state = "withdrawn"
-                        elif op.state == "running":
-                            op.interrupted = True
-                            self._conn.interrupt()
-
+        watch = _HopWatch()
+        failure: BaseException | None = None
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(watch)
-                with trio.CancelScope(shield=True):
-                    hop = await outcome.acapture(trio.to_thread.run_sync, self._hop, op, token)
-                over = True
-                nursery.cancel_scope.cancel()
-        finally:
-            self._pass_baton()
-        if isinstance(hop, outcome.Error):  # no thread could run the hop at all
+            await trio.to_thread.run_sync(
+                self._hop,
+                op,
+                token,
+                # A CapacityLimiter-like object, as trio.to_thread.run_sync documents.
+                limiter=cast(trio.CapacityLimiter, watch),
+                abandon_on_cancel=True,
+            )
+        except BaseException as exc:  # Cancelled, or no thread could run the hop at all
+            failure = exc
             with self._mutex:
+                self._stop = True
                 if op.state == "queued":
                     self._queue.remove(op)
-                    op.state = "done"
-                    op.result = hop
+                    op.state = "withdrawn"
+                elif op.state == "running":
+                    op.interrupted = True
+                    self._conn.interrupt()
+            if watch.started:
+                with trio.CancelScope(shield=True):
+                    await watch.wait_finished()
+        finally:
+            self._pass_baton()
         if op.state == "withdrawn":
-            await trio.lowlevel.checkpoint()  # raises the driver's Cancelled
-            raise RuntimeError("the lane withdrew an operation whose caller was not cancelled")
+            assert failure is not None
+            raise failure
+        if failure is not None and not isinstance(failure, trio.Cancelled):
+            raise failure
 
     def _pass_baton(self) -> None:
         """Give the lane to the oldest queued caller, or mark it idle (trio thread only)."""
@@ -216,6 +219,35 @@ class Lane:
         """SQLite's progress handler: non-zero aborts the statement (``SQLITE_INTERRUPT``)."""
         running = self._running
         return 1 if running is not None and running.interrupted else 0
+
+
+class _HopWatch:
+    """A hop's ``trio.to_thread.run_sync`` limiter that limits nothing, only observes.
+
+    The lane already lets one hop run at a time. ``acquire_on_behalf_of`` runs just before trio
+    hands the hop to a worker thread; ``release_on_behalf_of`` runs in the trio thread once that
+    thread is done, also after its caller stopped waiting (``abandon_on_cancel``).
+    """
+
+    __slots__ = ("_done", "finished", "started")
+
+    def __init__(self) -> None:
+        self.started = False
+        self.finished = False
+        self._done: trio.Event | None = None
+
+    async def acquire_on_behalf_of(self, borrower: object) -> None:
+        self.started = True  # no checkpoint: to_thread has just checked for cancellation
+
+    def release_on_behalf_of(self, borrower: object) -> None:
+        self.finished = True
+        if self._done is not None:
+            self._done.set()
+
+    async def wait_finished(self) -> None:
+        if not self.finished:
+            self._done = trio.Event()
+            await self._done.wait()
 
 
 def _wake(op: _Op) -> None:
