@@ -72,6 +72,7 @@ from tritask.tasks.model import (
     Task,
     clone_snapshot,
     initial_snapshot,
+    revise,
     snapshot_from_json,
     snapshot_to_json,
 )
@@ -767,12 +768,23 @@ class SqliteStore:
         scope = _scope_text(access.scope)
         limited = self._max_tasks is not None or self._max_active is not None
         ttl_us = None if task.ttl_ms is None else task.ttl_ms * 1000
-        record = _dump(document)
         # Drawn here: in the worker thread its system call would hand the GIL away in the
         # middle of the serialised section.
         token = str(uuid.uuid4())
         record_task = document["task"]
         assert isinstance(record_task, dict)
+        pieces: list[str] | None = None
+        if stamp:
+            # The record with the two instants left open: the body only joins the pieces
+            # around the store's clock reading instead of encoding the record again. The
+            # marker holds a fresh random token, so it cannot occur in the task's own JSON;
+            # were it to, the body falls back to encoding the record.
+            marker = f"tritask-stamp-{token}"
+            template = {**record_task, "createdAt": marker, "lastUpdatedAt": marker}
+            pieces = _dump({**document, "task": template}).split(_dump(marker))
+            if len(pieces) != 3:
+                pieces = None
+        record = "" if pieces is not None else _dump(document)
 
         def body(
             conn: sqlite3.Connection, now: int
@@ -783,12 +795,20 @@ class SqliteStore:
                     raise InvalidTask("the store clock is outside the instants a task can hold")
                 created_at = now
                 instant = format_instant(now)
-                text = _dump(
-                    {
-                        **document,
-                        "task": {**record_task, "createdAt": instant, "lastUpdatedAt": instant},
-                    }
-                )
+                if pieces is not None:
+                    quoted = _dump(instant)
+                    text = f"{pieces[0]}{quoted}{pieces[1]}{quoted}{pieces[2]}"
+                else:
+                    text = _dump(
+                        {
+                            **document,
+                            "task": {
+                                **record_task,
+                                "createdAt": instant,
+                                "lastUpdatedAt": instant,
+                            },
+                        }
+                    )
             if limited:
                 self._check_capacity(conn, task.id, scope)
             lease = None
@@ -832,8 +852,8 @@ class SqliteStore:
             it: it is built from the caller's own task and work)."""
             if created_at == task.created_at:
                 return snapshot
-            task_at = attrs.evolve(task, created_at=created_at, last_updated_at=created_at)
-            return attrs.evolve(snapshot, task=task_at)
+            task_at = revise(snapshot.task, created_at=created_at, last_updated_at=created_at)
+            return revise(snapshot, task=task_at)
 
         return _Insert(body=body, single=not limited, snapshot=stamped)
 
@@ -1038,7 +1058,8 @@ class SqliteStore:
         check_transition_arguments(expected_revision, event, "settle")
         if event.kind not in SETTLE_KINDS:
             raise UnauthorizedAction(f"settle cannot apply {event.kind.value}")
-        event_json, event_text = _event_texts(event)
+        document = event.to_json()
+        event_text = _dump(document)  # the replay text is only needed off the planned path
         planned = self._plan_settle(task_id, expected_revision, event, lease)
 
         def body(conn: sqlite3.Connection, now: int) -> Transition | Conflict | NotFound:
@@ -1053,6 +1074,7 @@ class SqliteStore:
             ):
                 return self._write_planned(conn, planned, event, event_text)
             row, seen = self._decode(raw[:-1]), bool(raw[-1])
+            event_json = canonical_json(document)
             try:
                 self._check_lease(row, lease, now)
             except StaleLease:

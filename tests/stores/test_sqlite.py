@@ -14,6 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from tritask_sqlite import (
 from tritask_sqlite.schema import APPLICATION_ID, migrations
 
 from tritask.tasks.events import Effects, Event, RetryEffect
-from tritask.tasks.model import Snapshot, TaskStatus, new_task
+from tritask.tasks.model import Snapshot, TaskStatus, new_task, snapshot_to_json
 from tritask.tasks.store import (
     NOT_FOUND,
     UNAVAILABLE,
@@ -833,3 +834,43 @@ async def test_a_renewed_claim_settles_without_a_plan(
         assert isinstance(result, Transition)
         assert result.snapshot.task.status is TaskStatus.FAILED
         assert planned.count == 0
+
+
+def stored_record(path: str) -> str:
+    with raw(Path(path)) as conn:
+        (record,) = conn.execute("SELECT record FROM tritask_tasks").fetchone()
+    assert isinstance(record, str)
+    return record
+
+
+def canonical_record(snapshot: Snapshot) -> str:
+    document = snapshot_to_json(snapshot)
+    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+async def test_a_stamped_creation_stores_the_canonical_record(tmp_path: Path) -> None:
+    clock = ManualClock()
+    clock.advance(1234)
+    async with sqlite_store(tmp_path / "tasks.db", clock) as store:
+        claimed_ = await created_claimed(store, "task-1")
+        assert claimed_.snapshot.task.created_at == START + 1_234_000
+        assert stored_record(store.path) == canonical_record(claimed_.snapshot)
+        assert await get(store, "task-1") == claimed_.snapshot
+
+
+async def test_a_stamp_marker_inside_the_input_falls_back_to_encoding(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The marker is random per creation; forced to collide, the record is encoded whole."""
+    fixed = uuid.UUID("00000000-0000-4000-8000-000000000000")
+    monkeypatch.setattr(uuid, "uuid4", lambda: fixed)
+    async with sqlite_store(tmp_path / "tasks.db", ManualClock()) as store:
+        access = await store.authorize(A, Action.CREATE, "task-1")
+        task = new_task("task-1", 0, 60_000, 5)
+        marker = f"tritask-stamp-{fixed}"
+        work = Work(idempotency_key="task-1", type="contract", input={"x": marker})
+        claimed_ = await store.create_claimed_stamped(task, work, access, "owner-1", LEASE_MS)
+        assert stored_record(store.path) == canonical_record(claimed_.snapshot)
+        stored = await get(store, "task-1")
+        assert stored.work is not None and stored.work.input == {"x": marker}
+        assert stored.task.created_at == START
