@@ -8,9 +8,16 @@ from typing import Any
 
 import pytest
 import trio
+from hypothesis import settings
 
 from tritask.server.app import App
 from tritask.transports.http import HttpOptions, serve_http
+
+# Hypothesis's per-example deadline is a timed assertion: on a loaded 2-CPU machine an
+# example can take longer than 200 ms without anything being wrong. Speed is measured by the
+# benchmarks, never by the tests.
+settings.register_profile("tritask", deadline=None)
+settings.load_profile("tritask")
 
 TEST_STATE_KEY = "tritask-test-state-key-0123456789"
 
