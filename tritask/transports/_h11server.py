@@ -68,6 +68,19 @@ _REASONS: Final[dict[int, bytes]] = {
 }
 _NO_BODY_STATUSES: Final = frozenset({204, 304})
 _FRAMING: Final = frozenset({b"content-length", b"transfer-encoding"})
+_EOM: Final = h11.EndOfMessage()
+# The direct path (see ``_Cycle._direct``) writes the head itself for header names made only of
+# these bytes (lower-case tchar) and values made only of visible ASCII, space and tab; it leaves
+# everything else to h11, and any header h11 treats specially on a response.
+_NAME_BYTES: Final = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz"
+_VALUE_BYTES: Final = bytes(range(0x21, 0x7F)) + b" \t"
+_OWS: Final = frozenset(b" \t")
+_SPECIAL_NAMES: Final = frozenset({b"transfer-encoding", b"connection", b"host"})
+# What h11 is told when the direct path wrote the head and body itself: a response to a
+# keep-alive request that keeps the connection alive and has no body to frame. It moves h11's
+# state exactly as the real response would (to DONE, keep-alive unchanged): only ``Connection:
+# close`` and a CONNECT request's 2xx answer change the state beyond that, and both go to h11.
+_SHADOW: Final = h11.Response(status_code=200, headers=[(b"content-length", b"0")])
 
 
 @attrs.frozen(kw_only=True)
@@ -115,6 +128,7 @@ class _Cycle:
         "body_done",
         "conn",
         "declared_length",
+        "direct",
         "finished",
         "head",
         "headers_sent",
@@ -132,10 +146,14 @@ class _Cycle:
         self.conn = conn
         self.head = request.method == b"HEAD"
         self.declared_length: int | None = None
+        # The direct path answers only HTTP/1.1 keep-alive requests (not CONNECT); ``close`` is
+        # looked for anywhere in a Connection header, so that h11 decides every doubtful case.
+        self.direct = request.http_version == b"1.1" and request.method != b"CONNECT"
         for name, value in request.headers:
             if name == b"content-length":
                 self.declared_length = int(value)
-                break
+            elif name == b"connection" and b"close" in value.lower():
+                self.direct = False
         self.received = 0
         self.body_done = False
         self.response_started = False
@@ -242,6 +260,60 @@ class _Cycle:
             raise RuntimeError(f"unexpected ASGI message {kind!r}")
 
     def _serialize(self, body: bytes, more: bool) -> bytes:
+        if not more and not self.headers_sent and self.direct:
+            data = self._direct(body)
+            if data is not None:
+                return data
+        return self._serialize_h11(body, more)
+
+    def _direct(self, body: bytes) -> bytes | None:
+        """A complete response written without h11 building it, or ``None`` (nothing changed).
+
+        The bytes are those h11 would write for the response ``_serialize_h11`` gives it (the
+        tests compare both), for the common case only: an HTTP/1.1 keep-alive request, a final
+        status that frames a body, plain lower-case header names and visible ASCII values,
+        Content-Length (if the application gave one) equal to the body's length, and no reason
+        to close the connection. h11 still learns that the response was sent, through
+        ``_SHADOW`` and ``EndOfMessage``, so its state machine stays the authority on the
+        connection.
+        """
+        h = self.conn.h11
+        if h.our_state is not h11.SEND_RESPONSE or self.conn.closing or self._close_early():
+            return None
+        assert self.pending is not None
+        status, headers = self.pending
+        if not 200 <= status < 600 or status in _NO_BODY_STATUSES:
+            return None
+        length = b"%d" % len(body)
+        lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b""))]
+        declared = None
+        for name, value in headers:
+            if (
+                not name
+                or name.translate(None, _NAME_BYTES)
+                or name in _SPECIAL_NAMES
+                or value.translate(None, _VALUE_BYTES)
+                or (value and (value[0] in _OWS or value[-1] in _OWS))
+            ):
+                return None
+            if name == b"content-length":
+                if declared is not None or not value.isdigit() or len(value) > 18:
+                    return None
+                if not self.head and value != length:
+                    return None
+                declared = value
+            lines.append(b"%s: %s\r\n" % (name, value))
+        if declared is None:
+            lines.append(b"content-length: %s\r\n" % length)
+        lines.append(b"date: %s\r\n\r\n" % _date_header())
+        if body and not self.head:
+            lines.append(body)
+        h.send(_SHADOW)
+        h.send(_EOM)
+        self.headers_sent = True
+        return b"".join(lines)
+
+    def _serialize_h11(self, body: bytes, more: bool) -> bytes:
         h = self.conn.h11
         parts: list[bytes] = []
         if not self.headers_sent:
@@ -253,7 +325,7 @@ class _Cycle:
         if body and not self.head:
             parts.append(h.send(h11.Data(data=body)) or b"")
         if not more:
-            parts.append(h.send(h11.EndOfMessage()) or b"")
+            parts.append(h.send(_EOM) or b"")
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def _response(
@@ -577,7 +649,7 @@ class _Connection:
                         h.send(h11.Response(status_code=status, headers=headers, reason=reason))
                         or b"",
                         h.send(h11.Data(data=body)) or b"",
-                        h.send(h11.EndOfMessage()) or b"",
+                        h.send(_EOM) or b"",
                     ]
                 )
             except h11.LocalProtocolError:
