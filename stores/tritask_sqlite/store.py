@@ -458,7 +458,7 @@ class SqliteStore:
             schema.inspect(conn, self._path)  # read-only: refuse before writing anything
             conn.execute("PRAGMA foreign_keys = ON")
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            mode = self._enter_wal(conn)
             if str(mode).lower() != "wal":
                 raise schema.StoreSchemaError(
                     f"{self._path!r} cannot use WAL journaling (got {mode!r}); a network or "
@@ -471,6 +471,24 @@ class SqliteStore:
         except BaseException:
             _close(conn, lock_fd)
             raise
+
+    def _enter_wal(self, conn: sqlite3.Connection) -> object:
+        """``PRAGMA journal_mode = WAL``, retried within ``busy_timeout``.
+
+        Switching a fresh file to WAL needs it to itself, and SQLite reports ``SQLITE_BUSY``
+        at once, without its busy handler, while another process or connection opens the same
+        new file: several stores starting together on one path would fail at random.
+        """
+        deadline = time.monotonic() + self._busy_timeout_ms / 1000
+        pause = 0.001
+        while True:
+            try:
+                return conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(pause)  # in the opening worker thread
+            pause = min(pause * 2, 0.05)
 
     async def aclose(self) -> None:
         """Close the connection and drop the file lock; waits for a running operation."""

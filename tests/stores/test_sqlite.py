@@ -455,18 +455,41 @@ async def test_competing_claimers_on_one_file(tmp_path: Path) -> None:
 
 
 async def test_concurrent_first_open_installs_once(tmp_path: Path) -> None:
-    path = tmp_path / "fresh.db"
-    stores = [sqlite_store(path) for _ in range(4)]
-    async with trio.open_nursery() as nursery:
-        for store in stores:
+    """Stores starting together on a new file: one installs, none fails (switching a new file
+    to WAL reports SQLITE_BUSY at once to the losers of that race; they retry)."""
+    for round_ in range(8):
+        path = tmp_path / f"fresh-{round_}.db"
+        stores = [sqlite_store(path) for _ in range(6)]
+        async with trio.open_nursery() as nursery:
+            for store in stores:
+                nursery.start_soon(store.open)
+        try:
+            assert len({store.store_id for store in stores}) == 1
+            with raw(path) as conn:
+                assert conn.execute("SELECT count(*) FROM tritask_metadata").fetchone() == (1,)
+        finally:
+            for store in stores:
+                await store.aclose()
+
+
+async def test_opening_waits_for_a_writer_holding_a_new_file(tmp_path: Path) -> None:
+    """SQLite refuses the switch to WAL at once, without its busy handler, while another
+    connection holds a write lock on a new file: the store retries within busy_timeout."""
+    path = tmp_path / "new.db"
+    with raw(path) as conn:
+        conn.execute("BEGIN IMMEDIATE")
+        store = sqlite_store(path, busy_timeout_ms=10_000)
+        async with trio.open_nursery() as nursery:
             nursery.start_soon(store.open)
+            await trio.sleep(0.2)  # the store tries (and is refused) meanwhile
+            assert store.store_id == ""
+            conn.execute("ROLLBACK")
     try:
-        assert len({store.store_id for store in stores}) == 1
-        with raw(path) as conn:
-            assert conn.execute("SELECT count(*) FROM tritask_metadata").fetchone() == (1,)
+        assert store.store_id != ""
+        await create(store, "task-1")
+        assert isinstance(await get(store, "task-1"), Snapshot)
     finally:
-        for store in stores:
-            await store.aclose()
+        await store.aclose()
 
 
 async def test_database_busy_when_another_writer_holds_the_file(tmp_path: Path) -> None:
