@@ -66,6 +66,13 @@ def register_bench(commands: Any, common: Callable[[argparse.ArgumentParser], No
             parser.set_defaults(handler=_handle_scale)
         else:
             parser.add_argument("--no-raw", action="store_true", help="skip the raw-limit loop")
+            parser.add_argument(
+                "--transport",
+                choices=["http", "in-process"],
+                default="http",
+                help="in-process: the same app called through its dispatcher in this process "
+                "(no HTTP), to see what the transport costs; the target is judged on http",
+            )
             parser.set_defaults(handler=_handle_tasks)
 
     soak = kinds.add_parser("soak", help="100k tasks on the memory store: RSS at 10k vs 100k")
@@ -126,7 +133,7 @@ def _tasks_params(args: argparse.Namespace, **extra: Any) -> Any:
 def _handle_tasks(args: argparse.Namespace) -> int:
     from stress.bench.benchmarks import bench_tasks
 
-    params = _tasks_params(args, raw=not args.no_raw)
+    params = _tasks_params(args, raw=not args.no_raw, transport=args.transport)
     return _run(args, lambda: bench_tasks(params))
 
 

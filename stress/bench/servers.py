@@ -23,6 +23,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+import attrs
 import trio
 import trio.testing
 
@@ -214,15 +215,23 @@ def store_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
-async def tasks_server(args: argparse.Namespace) -> None:
+@attrs.frozen
+class TasksApp:
+    """The benchmark's application: a task-required ``noop`` tool with a no-op executor, the
+    store wrapped in a write counter, and a ``bench_stats`` tool."""
+
+    app: Any
+    store: Any
+    sink: _CountingSink
+
+
+def tasks_app(store_url: str, options: Mapping[str, Any], max_jobs: int) -> TasksApp:
     from stress.common import open_stress_store
     from stress.wrappers import CountingStore
     from tritask.server.app import App
-    from tritask.server.extension import ServeEnvironment
     from tritask.tasks.extension import Tasks
-    from tritask.transports.http import serve_http
 
-    store = CountingStore(open_stress_store(args.store, mock_clock=False, **store_options(args)))
+    store = CountingStore(open_stress_store(store_url, mock_clock=False, **options))
     sink = _CountingSink()
     tasks = Tasks(
         store=store,
@@ -231,7 +240,7 @@ async def tasks_server(args: argparse.Namespace) -> None:
         runner_options={
             "executor": _NoopExecutor(),
             "instrumentation": sink,
-            "max_jobs": args.max_jobs,
+            "max_jobs": max_jobs,
             "owner_id": f"bench-{os.getpid()}",
         },
     )
@@ -254,10 +263,21 @@ async def tasks_server(args: argparse.Namespace) -> None:
             "cpuSeconds": time.process_time(),
         }
 
-    async def serve(trigger: Callable[[], Awaitable[None]], task_status: Any) -> None:
-        await serve_http(app, "127.0.0.1", 0, shutdown_trigger=trigger, task_status=task_status)
+    return TasksApp(app, store, sink)
 
-    async with store, app.running(ServeEnvironment(store_url=args.store)):
+
+async def tasks_server(args: argparse.Namespace) -> None:
+    from tritask.server.extension import ServeEnvironment
+    from tritask.transports.http import serve_http
+
+    bench = tasks_app(args.store, store_options(args), args.max_jobs)
+
+    async def serve(trigger: Callable[[], Awaitable[None]], task_status: Any) -> None:
+        await serve_http(
+            bench.app, "127.0.0.1", 0, shutdown_trigger=trigger, task_status=task_status
+        )
+
+    async with bench.store, bench.app.running(ServeEnvironment(store_url=args.store)):
         await _serve_until_eof(serve)
 
 

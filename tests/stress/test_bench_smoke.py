@@ -76,6 +76,23 @@ def test_bench_tasks_sqlite_smoke() -> None:
     assert isinstance(result["target_met"], bool)
 
 
+@pytest.mark.skipif(not HAS_SQLITE, reason="the SQLite store is not installed")
+def test_bench_tasks_in_process_smoke() -> None:
+    """The same app through its dispatcher, no HTTP: figures, but no verdict on the target."""
+    result = bench(
+        "tasks", "--store", "sqlite:auto", "--tasks", "20", "--clients", "2",
+        "--transport", "in-process",
+    )  # fmt: skip
+    assert result["params"]["transport"] == "in-process"
+    assert result["tritask"]["completed"] == 20
+    assert result["tritask"]["created"] == 20
+    assert result["tritask"]["sampleStatuses"] == ["completed"]
+    assert result["tritask"]["storeWritesPerTask"] == 2.0
+    assert result["tritask"]["cpuMsPerTask"] > 0
+    assert result["baseline"]["commitsPerTask"] == 2
+    assert result["target_met"] is None
+
+
 @pytest.mark.skipif(not (POSTGRES and HAS_POSTGRES), reason="TRITASK_TEST_POSTGRES_DSN is not set")
 def test_bench_tasks_and_scale_postgres_smoke() -> None:
     assert POSTGRES is not None
