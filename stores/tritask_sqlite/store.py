@@ -39,6 +39,13 @@ How it works, and why:
   event-id replay and kept for audit (:meth:`SqliteStore.history`, :meth:`SqliteStore.audit`).
   Scopes are stored as canonical JSON (``{"value":…,"version":1}``, sorted keys, ASCII), so text
   equality is JSON equality, the same rule as the memory store; reads verify the canonical form.
+* **The planned settle.** Settling is the hot path of every task. The store remembers (bounded)
+  each row it inserted claimed, exactly as stored, with its own copy of the snapshot, and plans
+  a ``settle`` with that lease before queueing it: the reducer, the record and effects JSON and
+  the commit time (the store's clock, read just before the write reservation) are computed
+  outside the serialised section. Under the reservation the row is compared column by column
+  (the record byte for byte) and the lease checked live; only an exact match writes the plan,
+  anything else is decided in the transaction from the decoded row.
 * **Processes and boot epochs.** Every opener takes an ``flock`` on ``PATH.lock`` for the
   store's life: shared by default (several processes on one host may share the file),
   exclusive with ``exclusive=True``. An exclusive opener advances the persisted boot epoch;
