@@ -245,7 +245,10 @@ def _event_texts(event: Event) -> tuple[str, str]:
     return canonical_json(document), _dump(document)
 
 
+@functools.lru_cache(maxsize=1024)
 def _scope_text(key: str) -> str:
+    """The stored text of a scope key (cached: a pure function of the key, and most creations
+    of a server share a handful of scopes)."""
     return _dump({"version": 1, "value": json.loads(key)})
 
 
