@@ -124,8 +124,8 @@ class Lane:
                 self._conn.interrupt()
         if state == "queued" and op.baton:  # handed the baton but never used it
             self._pass_baton()
-        if state in ("queued", "withdrawn"):
-            raise exc
+        if state in ("queued", "withdrawn") or not isinstance(exc, trio.Cancelled):
+            raise exc  # anything but Cancelled (e.g. KeyboardInterrupt) is never swallowed
         with trio.CancelScope(shield=True):
             while not op.done():
                 wake = op.wake = trio.Event()
@@ -169,8 +169,14 @@ class Lane:
                     op.interrupted = True
                     self._conn.interrupt()
             if watch.started:
+                # The thread holds the connection until trio reports it done: the baton must
+                # not move before that, even if something (KeyboardInterrupt) lands meanwhile.
                 with trio.CancelScope(shield=True):
-                    await watch.wait_finished()
+                    while not watch.finished:
+                        try:
+                            await watch.wait_finished()
+                        except BaseException as late:
+                            failure = late
         finally:
             self._pass_baton()
         if op.state == "withdrawn":

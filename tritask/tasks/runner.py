@@ -921,6 +921,9 @@ class Runner:
 
     async def _runtime_limit(self, job: _Job) -> None:
         """The attempt has run ``max_runtime_ms`` (started by the timer when due)."""
+        # Spawned helpers run their first lines even when their scope was cancelled before
+        # they started: yield first, so a stopped attempt is never marked ``max_runtime``.
+        await trio.lowlevel.checkpoint()
         if job.stop_reason is not None or job.settling:
             return
         job.stop_reason = "max_runtime"
