@@ -149,6 +149,14 @@ _INSERT_EVENT = (
     "INSERT INTO tritask_task_events (task_id, event_id, event, event_kind,"
     " event_revision, committed_at_us, effects) VALUES (?, ?, ?, ?, ?, ?, ?)"
 )
+_WRITE_PLANNED = (
+    "UPDATE tritask_tasks SET record_version = ?, record = ?, revision = ?, status = ?,"
+    " retry_at_us = ?, claim_owner = NULL, claim_token = NULL, claim_expires_at_us = NULL,"
+    " claim_epoch = NULL WHERE task_id = ? AND "
+    + " AND ".join(f"{name.strip()} IS ?" for name in _COLUMNS.split(",")[1:])
+    + " AND NOT EXISTS (SELECT 1 FROM tritask_task_events e"
+    " WHERE e.task_id = tritask_tasks.task_id AND e.event_id = ?)"
+)
 #: Rows remembered for the planned settle (see ``_Recent``); the oldest is forgotten first.
 _RECENT_LIMIT: Final = 1024
 _WRITE = (
@@ -749,7 +757,12 @@ class SqliteStore:
         Anything unusual returns ``None`` and the operation decides it all in the transaction.
         """
         recent = self._recent.pop(task_id, None)
-        if recent is None or recent.lease != lease or recent.snapshot.revision != expected_revision:
+        if (
+            recent is None
+            or recent.lease != lease
+            or lease.epoch != self._epoch
+            or recent.snapshot.revision != expected_revision
+        ):
             return None
         snapshot = recent.snapshot
         committed_at = max(self._read_clock(), snapshot.task.last_updated_at + _COMMIT_STEP_US)
@@ -1091,16 +1104,13 @@ class SqliteStore:
         planned = self._plan_settle(task_id, expected_revision, event, lease)
 
         def body(conn: sqlite3.Connection, now: int) -> Transition | Conflict | NotFound:
+            if planned is not None and now < planned.lease.expires_at:
+                written = self._write_planned(conn, planned, event, event_text)
+                if written is not None:
+                    return written
             raw = conn.execute(_SELECT_SEEN, (event.id, task_id)).fetchone()
             if raw is None:
                 return NOT_FOUND
-            if (
-                planned is not None
-                and not raw[-1]
-                and raw[:-1] == planned.row
-                and self._live(planned.lease, now)
-            ):
-                return self._write_planned(conn, planned, event, event_text)
             row, seen = self._decode(raw[:-1]), bool(raw[-1])
             event_json = canonical_json(document)
             try:
@@ -1151,25 +1161,27 @@ class SqliteStore:
 
     def _write_planned(
         self, conn: sqlite3.Connection, planned: _Planned, event: Event, event_text: str
-    ) -> Transition:
-        """The planned settle's write: the stored row is exactly the one it was planned on."""
+    ) -> Transition | None:
+        """The planned settle, written only if the stored row is still exactly the one it was
+        planned on (every column, the record byte for byte) and the event id is not in its
+        ledger; ``None`` (nothing written) otherwise. One ``UPDATE`` decides and writes."""
         transition = planned.transition
         new = transition.snapshot
         task_id = new.task.id
         updated = conn.execute(
-            _WRITE_RELEASING,
+            _WRITE_PLANNED,
             (
                 RECORD_VERSION,
                 planned.record,
                 new.revision,
                 new.task.status.value,
                 new.retry_at,
-                task_id,
-                planned.row[4],
+                *planned.row,
+                event.id,
             ),
         )
         if updated.rowcount != 1:
-            raise CorruptStore(task_id, "the row changed under the write reservation")
+            return None
         conn.execute(
             _INSERT_EVENT,
             (

@@ -761,15 +761,19 @@ async def created_claimed(store: SqliteStore, task_id: str) -> Claimed:
 
 
 class PlannedWrites:
-    """Counts the settles written from a plan (the store's fast path)."""
+    """Counts the settles written from a plan (the store's fast path); ``tried`` counts the
+    attempts, which write nothing when the stored row is not the planned one."""
 
     def __init__(self, store: SqliteStore, monkeypatch: pytest.MonkeyPatch) -> None:
         self.count = 0
+        self.tried = 0
         write = store._write_planned
 
-        def counted(*args: Any) -> Transition:
-            self.count += 1
-            return write(*args)
+        def counted(*args: Any) -> Transition | None:
+            self.tried += 1
+            written = write(*args)
+            self.count += written is not None
+            return written
 
         monkeypatch.setattr(store, "_write_planned", counted)
 
@@ -824,7 +828,7 @@ async def test_a_changed_row_is_decided_in_the_transaction(
             conn.execute("UPDATE tritask_tasks SET record = ?", (spaced,))
         done = Event.completed({"content": [], "isError": False})
         result = await store.settle("task-1", 0, done, claimed_.lease)
-        assert planned.count == 0
+        assert (planned.tried, planned.count) == (1, 0)  # tried, wrote nothing, then decided
         assert isinstance(result, Transition)
         assert result.outcome == "applied"
         assert await get(store, "task-1") == result.snapshot
