@@ -43,9 +43,9 @@ How it works, and why:
   each row it inserted claimed, exactly as stored, with its own copy of the snapshot, and plans
   a ``settle`` with that lease before queueing it: the reducer, the record and effects JSON and
   the commit time (the store's clock, read just before the write reservation) are computed
-  outside the serialised section. Under the reservation the row is compared column by column
-  (the record byte for byte) and the lease checked live; only an exact match writes the plan,
-  anything else is decided in the transaction from the decoded row.
+  outside the serialised section. Under the reservation one ``UPDATE`` whose ``WHERE`` carries
+  every column of the remembered row (the record byte for byte) writes the plan, after the
+  lease was checked live; if it matches nothing, the transaction decides from the decoded row.
 * **Processes and boot epochs.** Every opener takes an ``flock`` on ``PATH.lock`` for the
   store's life: shared by default (several processes on one host may share the file),
   exclusive with ``exclusive=True``. An exclusive opener advances the persisted boot epoch;
@@ -210,9 +210,10 @@ class _Recent:
 
     Why: settling is the hot path of every task, and decoding the row, running the reducer and
     encoding the result inside the serialised section cost more than the commit itself. When
-    the row read under the write reservation is still exactly this one (every column equal,
-    the record text byte for byte), its snapshot is this one, so the settle can be planned
-    before the operation is queued (see ``SqliteStore._plan_settle``).
+    the stored row is still exactly this one under the write reservation (every column equal,
+    the record text byte for byte: the planned ``UPDATE`` matches nothing otherwise), its
+    snapshot is this one, so the settle can be planned before the operation is queued (see
+    ``SqliteStore._plan_settle``).
     """
 
     row: tuple[object, ...]
