@@ -114,14 +114,7 @@ class Lane:
 
     async def _abandon(self, op: _Op, exc: BaseException) -> Any:
         """The caller was interrupted (``Cancelled``, or anything else) while waiting."""
-        with self._mutex:
-            state = op.state
-            if state == "queued":
-                self._queue.remove(op)
-                op.state = "withdrawn"
-            elif state == "running":
-                op.interrupted = True
-                self._conn.interrupt()
+        state = self._stop_op(op)
         if state == "queued" and op.baton:  # handed the baton but never used it
             self._pass_baton()
         if state in ("queued", "withdrawn") or not isinstance(exc, trio.Cancelled):
@@ -160,14 +153,7 @@ class Lane:
             )
         except BaseException as exc:  # Cancelled, or no thread could run the hop at all
             failure = exc
-            with self._mutex:
-                self._stop = True
-                if op.state == "queued":
-                    self._queue.remove(op)
-                    op.state = "withdrawn"
-                elif op.state == "running":
-                    op.interrupted = True
-                    self._conn.interrupt()
+            self._stop_op(op, end_hop=True)
             if watch.started:
                 # The thread holds the connection until trio reports it done: the baton must
                 # not move before that, even if something (KeyboardInterrupt) lands meanwhile.
@@ -184,6 +170,22 @@ class Lane:
             raise failure
         if failure is not None and not isinstance(failure, trio.Cancelled):
             raise failure
+
+    def _stop_op(self, op: _Op, *, end_hop: bool = False) -> _State:
+        """Its caller gave up: withdraw ``op`` if still queued, interrupt it if running (decided
+        under the mutex, so an interrupt never reaches another operation). ``end_hop`` also
+        ends the running hop after the current operation. Returns the state it found."""
+        with self._mutex:
+            if end_hop:
+                self._stop = True
+            state = op.state
+            if state == "queued":
+                self._queue.remove(op)
+                op.state = "withdrawn"
+            elif state == "running":
+                op.interrupted = True
+                self._conn.interrupt()
+        return state
 
     def _pass_baton(self) -> None:
         """Give the lane to the oldest queued caller, or mark it idle (trio thread only)."""
