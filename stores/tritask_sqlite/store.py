@@ -1109,10 +1109,9 @@ class SqliteStore:
                 written = self._write_planned(conn, planned, event, event_text)
                 if written is not None:
                     return written
-            raw = conn.execute(_SELECT_SEEN, (event.id, task_id)).fetchone()
-            if raw is None:
+            row, seen = self._load_seen(conn, task_id, event.id)
+            if row is None:
                 return NOT_FOUND
-            row, seen = self._decode(raw[:-1]), bool(raw[-1])
             event_json = canonical_json(document)
             try:
                 self._check_lease(row, lease, now)
