@@ -356,22 +356,43 @@ async def _tasks_run(params: TasksParams, url: str) -> dict[str, Any]:
                     break
         for conn in stat_conns:
             await conn.aclose()
+    return {
+        **_task_figures(done, len(created), stops, (started, created_at, finished), latencies),
+        **_store_figures(done, writes, calls),
+        "serverCpuMsPerTask": _per_task_ms(server_cpu, done),
+        "loadGeneratorCpuMsPerTask": _per_task_ms(client_cpu, done),
+        "sampleStatuses": sorted(set(statuses)),
+        "failures": failures,
+    }
+
+
+def _per_task_ms(seconds: float, tasks: int) -> float:
+    return round(seconds * 1000 / max(tasks, 1), 3)
+
+
+def _task_figures(
+    done: int,
+    created: int,
+    stops: int,
+    times: tuple[float, float, float],
+    latencies: list[float],
+) -> dict[str, Any]:
+    """The figures both transports report: ``times`` is (started, all created, all done)."""
+    started, created_at, finished = times
     elapsed = finished - started
     return {
         "tasksPerSecond": round(done / elapsed, 1) if elapsed > 0 else 0.0,
         "completed": done,
-        "created": len(created),
+        "created": created,
         "otherStops": stops,
         "seconds": round(elapsed, 4),
         "creationSeconds": round(created_at - started, 4),
         "creationLatency": summarize(latencies),
-        "storeWritesPerTask": round(writes / max(done, 1), 3),
-        "storeCalls": calls,
-        "serverCpuMsPerTask": round(server_cpu * 1000 / max(done, 1), 3),
-        "loadGeneratorCpuMsPerTask": round(client_cpu * 1000 / max(done, 1), 3),
-        "sampleStatuses": sorted(set(statuses)),
-        "failures": failures,
     }
+
+
+def _store_figures(done: int, writes: int, calls: dict[str, int]) -> dict[str, Any]:
+    return {"storeWritesPerTask": round(writes / max(done, 1), 3), "storeCalls": calls}
 
 
 async def _tasks_in_process(params: TasksParams, url: str) -> dict[str, Any]:
@@ -388,11 +409,6 @@ async def _tasks_in_process(params: TasksParams, url: str) -> dict[str, Any]:
     args = argparse.Namespace(store=url, sqlite_synchronous=params.sqlite_synchronous)
     options = store_options(args)
     bench = tasks_app(url, options, 4096)
-    meta = {
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS_ID: {}}},
-        "io.modelcontextprotocol/clientInfo": {"name": "tritask-bench", "version": "1"},
-    }
     created: list[str] = []
     latencies: list[float] = []
     failures: list[str] = []
@@ -402,8 +418,7 @@ async def _tasks_in_process(params: TasksParams, url: str) -> dict[str, Any]:
 
         async def client() -> None:
             for n in counter:
-                params_ = {"name": "noop", "arguments": {}, "_meta": meta}
-                request = Request(id=n, method="tools/call", params=params_)
+                request = Request(id=n, method=NOOP.method, params=NOOP.message_params())
                 started = time.perf_counter()
                 message = await dispatcher.handle_request(request, principal=None)
                 latencies.append(time.perf_counter() - started)
@@ -425,18 +440,10 @@ async def _tasks_in_process(params: TasksParams, url: str) -> dict[str, Any]:
         cpu = time.process_time() - cpu
         done, stops = bench.sink.completed, bench.sink.other_stops
         writes, calls = bench.store.writes, dict(bench.store.calls)
-    elapsed = finished - started
     return {
-        "tasksPerSecond": round(done / elapsed, 1) if elapsed > 0 else 0.0,
-        "completed": done,
-        "created": len(created),
-        "otherStops": stops,
-        "seconds": round(elapsed, 4),
-        "creationSeconds": round(created_at - started, 4),
-        "creationLatency": summarize(latencies),
-        "storeWritesPerTask": round(writes / max(done, 1), 3),
-        "storeCalls": calls,
-        "cpuMsPerTask": round(cpu * 1000 / max(done, 1), 3),
+        **_task_figures(done, len(created), stops, (started, created_at, finished), latencies),
+        **_store_figures(done, writes, calls),
+        "cpuMsPerTask": _per_task_ms(cpu, done),
         "sampleStatuses": ["completed"] if done == len(created) == params.tasks else [],
         "failures": failures,
     }

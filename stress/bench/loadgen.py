@@ -50,14 +50,18 @@ class McpRequest:
     name: str | None = None
     capabilities: Mapping[str, Any] = attrs.field(factory=dict)
 
-    def encode(self, host: str, path: str, request_id: int) -> bytes:
+    def message_params(self) -> dict[str, Any]:
+        """The request's ``params`` with its ``_meta`` envelope."""
         meta = {**META, "io.modelcontextprotocol/clientCapabilities": dict(self.capabilities)}
+        return {**self.params, "_meta": meta}
+
+    def encode(self, host: str, path: str, request_id: int) -> bytes:
         body = json.dumps(
             {
                 "jsonrpc": "2.0",
                 "id": request_id,
                 "method": self.method,
-                "params": {**self.params, "_meta": meta},
+                "params": self.message_params(),
             },
             separators=(",", ":"),
         ).encode()
