@@ -43,9 +43,11 @@ How it works, and why:
   each row it inserted claimed, exactly as stored, with its own copy of the snapshot, and plans
   a ``settle`` with that lease before queueing it: the reducer, the record and effects JSON and
   the commit time (the store's clock, read just before the write reservation) are computed
-  outside the serialised section. Under the reservation one ``UPDATE`` whose ``WHERE`` carries
-  every column of the remembered row (the record byte for byte) writes the plan, after the
-  lease was checked live; if it matches nothing, the transaction decides from the decoded row.
+  outside the serialised section. In the lane, after the lease was checked against the live
+  clock, one autocommitted statement writes the plan: an ``INSERT`` into a TEMP view whose
+  ``INSTEAD OF`` trigger writes the ledger entry and the row, both only if the row still equals
+  the remembered one in every column (the record byte for byte) and the event id is new. If it
+  wrote nothing, a transaction decides from the decoded row.
 * **Processes and boot epochs.** Every opener takes an ``flock`` on ``PATH.lock`` for the
   store's life: shared by default (several processes on one host may share the file),
   exclusive with ``exclusive=True``. An exclusive opener advances the persisted boot epoch;
@@ -149,13 +151,49 @@ _INSERT_EVENT = (
     "INSERT INTO tritask_task_events (task_id, event_id, event, event_kind,"
     " event_revision, committed_at_us, effects) VALUES (?, ?, ?, ?, ?, ?, ?)"
 )
-_WRITE_PLANNED = (
-    "UPDATE tritask_tasks SET record_version = ?, record = ?, revision = ?, status = ?,"
-    " retry_at_us = ?, claim_owner = NULL, claim_token = NULL, claim_expires_at_us = NULL,"
-    " claim_epoch = NULL WHERE task_id = ? AND "
-    + " AND ".join(f"{name.strip()} IS ?" for name in _COLUMNS.split(",")[1:])
+_OLD_COLUMNS = [name.strip() for name in _COLUMNS.split(",")[1:]]
+#: The planned settle as one statement: SQLite runs it as its own transaction (one commit, one
+#: hand-over of the GIL in the worker thread instead of four; under load every hand-over
+#: waits for the trio thread). It inserts into a view whose ``INSTEAD OF`` trigger writes the
+#: ledger entry, then the row, both only if the row is still exactly the planned-on one (every
+#: column, the record byte for byte) and the event id is new. The view and trigger are TEMP:
+#: they belong to the connection, not to the file's schema (a TEMP trigger may write tables of
+#: the main database).
+_PLANNED_SETTLE_DDL = (
+    "CREATE TEMP VIEW tritask_planned_settles AS SELECT"
+    " NULL AS task_id, NULL AS record_version, NULL AS record, NULL AS revision,"
+    " NULL AS status, NULL AS retry_at_us, NULL AS event_id, NULL AS event,"
+    " NULL AS event_kind, NULL AS committed_at_us, NULL AS effects, "
+    + ", ".join(f"NULL AS old_{name}" for name in _OLD_COLUMNS)
+    + " WHERE 0;\n"
+    "CREATE TEMP TRIGGER tritask_planned_settle INSTEAD OF INSERT ON tritask_planned_settles"
+    " BEGIN"
+    " INSERT INTO tritask_task_events (task_id, event_id, event, event_kind,"
+    " event_revision, committed_at_us, effects)"
+    " SELECT NEW.task_id, NEW.event_id, NEW.event, NEW.event_kind, NEW.revision,"
+    " NEW.committed_at_us, NEW.effects FROM tritask_tasks t"
+    " WHERE t.task_id = NEW.task_id AND "
+    + " AND ".join(f"t.{name} IS NEW.old_{name}" for name in _OLD_COLUMNS)
     + " AND NOT EXISTS (SELECT 1 FROM tritask_task_events e"
-    " WHERE e.task_id = tritask_tasks.task_id AND e.event_id = ?)"
+    " WHERE e.task_id = NEW.task_id AND e.event_id = NEW.event_id);"
+    # The row is unchanged by the INSERT, so the same match holds; the ledger entry at the
+    # new revision exists only if the INSERT above just wrote it (a ledger revision above the
+    # row's is impossible otherwise).
+    " UPDATE tritask_tasks SET record_version = NEW.record_version,"
+    " record = NEW.record, revision = NEW.revision, status = NEW.status,"
+    " retry_at_us = NEW.retry_at_us, claim_owner = NULL, claim_token = NULL,"
+    " claim_expires_at_us = NULL, claim_epoch = NULL"
+    " WHERE task_id = NEW.task_id AND "
+    + " AND ".join(f"{name} IS NEW.old_{name}" for name in _OLD_COLUMNS)
+    + " AND EXISTS (SELECT 1 FROM tritask_task_events e WHERE e.task_id = NEW.task_id"
+    " AND e.event_id = NEW.event_id AND e.event_revision = NEW.revision);"
+    " END;"
+)
+_WRITE_PLANNED = (
+    "INSERT INTO temp.tritask_planned_settles (task_id, record_version, record, revision,"
+    " status, retry_at_us, event_id, event, event_kind, committed_at_us, effects, "
+    + ", ".join(f"old_{name}" for name in _OLD_COLUMNS)
+    + f") VALUES ({', '.join('?' * (11 + len(_OLD_COLUMNS)))})"
 )
 #: Rows remembered for the planned settle (see ``_Recent``); the oldest is forgotten first.
 _RECENT_LIMIT: Final = 1024
@@ -484,6 +522,7 @@ class SqliteStore:
                     "read-only filesystem cannot host the store"
                 )
             info = schema.install(conn, self._path, advance_epoch=self._exclusive)
+            conn.executescript(_PLANNED_SETTLE_DDL)
             if conn.execute("PRAGMA foreign_keys").fetchone()[0] != 1:
                 raise schema.StoreSchemaError("this SQLite build cannot enforce foreign keys")
             return conn, lock_fd, info
@@ -1095,7 +1134,8 @@ class SqliteStore:
     async def settle(
         self, task_id: str, expected_revision: int, event: Event, lease: Lease
     ) -> Transition | Conflict | NotFound:
-        """A worker's final event and the release of its claim in one IMMEDIATE transaction."""
+        """A worker's final event and the release of its claim, atomically: the planned
+        statement when it applies, one IMMEDIATE transaction otherwise."""
         self._ensure_open()
         check_transition_arguments(expected_revision, event, "settle")
         if event.kind not in SETTLE_KINDS:
@@ -1105,10 +1145,6 @@ class SqliteStore:
         planned = self._plan_settle(task_id, expected_revision, event, lease)
 
         def body(conn: sqlite3.Connection, now: int) -> Transition | Conflict | NotFound:
-            if planned is not None and now < planned.lease.expires_at:
-                written = self._write_planned(conn, planned, event, event_text)
-                if written is not None:
-                    return written
             row, seen = self._load_seen(conn, task_id, event.id)
             if row is None:
                 return NOT_FOUND
@@ -1132,7 +1168,19 @@ class SqliteStore:
                 event_text=event_text,
             )
 
-        return await self._transact(body, write=True)
+        if planned is None:
+            return await self._transact(body, write=True)
+
+        def planned_first(conn: sqlite3.Connection, now: int) -> Transition | Conflict | NotFound:
+            # Outside any transaction: the planned write is one autocommitted statement.
+            written = now < planned.lease.expires_at and self._write_planned(
+                conn, planned, event, event_text
+            )
+            if written:
+                return planned.transition
+            return self._transaction(body, True, False, conn)
+
+        return await self._transact(planned_first, write=True, single=True)
 
     def _released_replay(
         self, conn: sqlite3.Connection, row: _Row, lease: object, event: Event, event_json: str
@@ -1161,40 +1209,36 @@ class SqliteStore:
 
     def _write_planned(
         self, conn: sqlite3.Connection, planned: _Planned, event: Event, event_text: str
-    ) -> Transition | None:
-        """The planned settle, written only if the stored row is still exactly the one it was
-        planned on (every column, the record byte for byte) and the event id is not in its
-        ledger; ``None`` (nothing written) otherwise. One ``UPDATE`` decides and writes."""
+    ) -> bool:
+        """The planned settle as one statement (``_PLANNED_SETTLE_DDL``): written only if the
+        stored row is still exactly the one it was planned on and the event id is not in its
+        ledger. Whether it wrote is told by the connection's change count: the statement runs
+        on a view, whose own row count is always 0; the trigger changes two rows or none."""
         transition = planned.transition
         new = transition.snapshot
-        task_id = new.task.id
-        updated = conn.execute(
+        before = conn.total_changes
+        task_id, *old = planned.row  # _COLUMNS order: the task id, then the rest
+        conn.execute(
             _WRITE_PLANNED,
             (
+                task_id,
                 RECORD_VERSION,
                 planned.record,
                 new.revision,
                 new.task.status.value,
                 new.retry_at,
-                *planned.row,
-                event.id,
-            ),
-        )
-        if updated.rowcount != 1:
-            return None
-        conn.execute(
-            _INSERT_EVENT,
-            (
-                task_id,
                 event.id,
                 event_text,
                 event.kind.value,
-                new.revision,
                 transition.committed_at,
                 planned.effects,
+                *old,
             ),
         )
-        return transition
+        changed = conn.total_changes - before
+        if changed not in (0, 2):  # pragma: no cover - the trigger writes both or neither
+            raise CorruptStore(new.task.id, f"the planned settle changed {changed} rows, not 2")
+        return changed == 2
 
     def _apply(
         self,

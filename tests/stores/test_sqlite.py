@@ -769,10 +769,10 @@ class PlannedWrites:
         self.tried = 0
         write = store._write_planned
 
-        def counted(*args: Any) -> Transition | None:
+        def counted(*args: Any) -> bool:
             self.tried += 1
-            written = write(*args)
-            self.count += written is not None
+            written: bool = write(*args)
+            self.count += written
             return written
 
         monkeypatch.setattr(store, "_write_planned", counted)
@@ -832,6 +832,47 @@ async def test_a_changed_row_is_decided_in_the_transaction(
         assert isinstance(result, Transition)
         assert result.outcome == "applied"
         assert await get(store, "task-1") == result.snapshot
+
+
+async def test_an_event_id_already_in_the_ledger_stops_the_planned_settle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ledger holds the event id (written behind the store's back) while the row is the
+    planned-on one: the one statement writes neither the entry nor the row, and the
+    transaction then finds the ledger inconsistent with the row."""
+    async with sqlite_store(tmp_path / "tasks.db", ManualClock()) as store:
+        planned = PlannedWrites(store, monkeypatch)
+        claimed_ = await created_claimed(store, "task-1")
+        with raw(store.path) as conn:
+            conn.execute(
+                "INSERT INTO tritask_task_events (task_id, event_id, event, event_kind,"
+                " event_revision, committed_at_us, effects) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                ("task-1", "done-1", '{"kind":"failed"}', "failed", 7, 0, "{}"),
+            )
+        done = Event.completed({"content": [], "isError": False}, id="done-1")
+        with pytest.raises(CorruptStore, match="ledger row 1"):
+            await store.settle("task-1", 0, done, claimed_.lease)
+        assert (planned.tried, planned.count) == (1, 0)
+        with raw(store.path) as conn:
+            rows = conn.execute(
+                "SELECT event_id, event_revision FROM tritask_task_events"
+            ).fetchall()
+        assert rows == [("done-1", 7)]
+        assert await get(store, "task-1") == claimed_.snapshot
+
+
+async def test_the_planned_settle_view_belongs_to_the_connection(tmp_path: Path) -> None:
+    """Its view and trigger are TEMP: the file's schema is the migrations' alone."""
+    async with sqlite_store(tmp_path / "tasks.db", ManualClock()) as store:
+        claimed_ = await created_claimed(store, "task-1")
+        done = Event.completed({"content": [], "isError": False})
+        result = await store.settle("task-1", 0, done, claimed_.lease)
+        assert isinstance(result, Transition) and result.outcome == "applied"
+        with raw(store.path) as conn:
+            names = {name for (name,) in conn.execute("SELECT name FROM sqlite_master").fetchall()}
+            temp = conn.execute("SELECT count(*) FROM sqlite_temp_master").fetchone()
+        assert not any("planned" in name for name in names)
+        assert temp == (0,)
 
 
 async def test_a_planned_settle_still_checks_the_lease_under_the_reservation(
