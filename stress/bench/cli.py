@@ -67,6 +67,12 @@ def register_bench(commands: Any, common: Callable[[argparse.ArgumentParser], No
         else:
             parser.add_argument("--no-raw", action="store_true", help="skip the raw-limit loop")
             parser.add_argument(
+                "--repeats",
+                type=_positive,
+                default=3,
+                help="rounds of (tritask run, raw loop), interleaved; medians are reported",
+            )
+            parser.add_argument(
                 "--transport",
                 choices=["http", "in-process"],
                 default="http",
@@ -133,14 +139,16 @@ def _tasks_params(args: argparse.Namespace, **extra: Any) -> Any:
 def _handle_tasks(args: argparse.Namespace) -> int:
     from stress.bench.benchmarks import bench_tasks
 
-    params = _tasks_params(args, raw=not args.no_raw, transport=args.transport)
+    params = _tasks_params(
+        args, raw=not args.no_raw, transport=args.transport, repeats=args.repeats
+    )
     return _run(args, lambda: bench_tasks(params))
 
 
 def _handle_scale(args: argparse.Namespace) -> int:
     from stress.bench.benchmarks import bench_scale
 
-    params = _tasks_params(args)
+    params = _tasks_params(args, repeats=1)
     return _run(args, lambda: bench_scale(params, tuple(args.processes)))
 
 

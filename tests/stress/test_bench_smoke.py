@@ -68,8 +68,18 @@ def test_bench_tasks_memory_smoke() -> None:
 
 @pytest.mark.skipif(not HAS_SQLITE, reason="the SQLite store is not installed")
 def test_bench_tasks_sqlite_smoke() -> None:
-    result = bench("tasks", "--store", "sqlite:auto", "--tasks", "20", "--clients", "2")
+    result = bench(
+        "tasks", "--store", "sqlite:auto", "--tasks", "20", "--clients", "2", "--repeats", "2"
+    )
+    assert result["params"]["repeats"] == 2
     assert result["tritask"]["completed"] == 20
+    # Interleaved rounds: the figures are the median (lower middle) round's, both sides.
+    rounds = result["tritask"]["roundsTasksPerSecond"]
+    raw_rounds = result["baseline"]["roundsTasksPerSecond"]
+    assert len(rounds) == len(raw_rounds) == 2
+    assert result["tritask"]["tasksPerSecond"] == min(rounds)
+    assert result["baseline"]["tasksPerSecond"] == min(raw_rounds)
+    assert result["ratio"] == round(min(rounds) / min(raw_rounds), 3)
     assert result["baseline"]["commitsPerTask"] >= 2
     assert result["baseline"]["settings"]["synchronous"] == "FULL"
     assert isinstance(result["ratio"], float)
@@ -81,7 +91,7 @@ def test_bench_tasks_in_process_smoke() -> None:
     """The same app through its dispatcher, no HTTP: figures, but no verdict on the target."""
     result = bench(
         "tasks", "--store", "sqlite:auto", "--tasks", "20", "--clients", "2",
-        "--transport", "in-process",
+        "--transport", "in-process", "--repeats", "1",
     )  # fmt: skip
     assert result["params"]["transport"] == "in-process"
     assert result["tritask"]["completed"] == 20
@@ -96,7 +106,9 @@ def test_bench_tasks_in_process_smoke() -> None:
 @pytest.mark.skipif(not (POSTGRES and HAS_POSTGRES), reason="TRITASK_TEST_POSTGRES_DSN is not set")
 def test_bench_tasks_and_scale_postgres_smoke() -> None:
     assert POSTGRES is not None
-    result = bench("tasks", "--store", POSTGRES, "--tasks", "20", "--clients", "2")
+    result = bench(
+        "tasks", "--store", POSTGRES, "--tasks", "20", "--clients", "2", "--repeats", "1"
+    )
     assert result["tritask"]["completed"] == 20
     assert result["baseline"]["settings"]["synchronous_commit"]
     scale = bench(
