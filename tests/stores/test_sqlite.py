@@ -8,6 +8,7 @@ work happens in real threads); tests of racing stores use the database clock.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import sqlite3
@@ -924,6 +925,32 @@ async def test_a_stamped_creation_stores_the_canonical_record(tmp_path: Path) ->
         assert claimed_.snapshot.task.created_at == START + 1_234_000
         assert stored_record(store.path) == canonical_record(claimed_.snapshot)
         assert await get(store, "task-1") == claimed_.snapshot
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"text": "naïve ☃ 𝄞", "float": 1e16, "tiny": 5e-324, "neg": -0.0},
+        {"big": 2**64, "negative": -(2**70)},  # beyond orjson: written by the stdlib encoder
+        {"lone": "\ud800"},  # a lone surrogate cannot be UTF-8: written escaped
+    ],
+)
+async def test_records_keep_every_json_value_exactly(tmp_path: Path, value: Any) -> None:
+    """Whichever encoder writes a record, reading it gives back the same value and types."""
+    async with sqlite_store(tmp_path / "tasks.db", ManualClock()) as store:
+        access = await store.authorize(A, Action.CREATE, "task-1")
+        task = new_task("task-1", 0, 60_000, 5)
+        work = Work(idempotency_key="task-1", type="contract", input=value)
+        claimed_ = await store.create_claimed_stamped(task, work, access, "owner-1", LEASE_MS)
+        done = Event.completed({"content": [], "isError": False, "structuredContent": value})
+        result = await store.settle("task-1", 0, done, claimed_.lease)
+        assert isinstance(result, Transition) and result.outcome == "applied"
+        stored = await get(store, "task-1")
+        assert stored == result.snapshot
+        exact = functools.partial(json.dumps, sort_keys=True)  # 1 vs 1.0, -0.0, big ints
+        assert exact(stored.work.input) == exact(value)
+        assert exact(stored.task.result) == exact(done.data["result"])
+        json.loads(stored_record(store.path))  # valid JSON text
 
 
 async def test_a_stamp_marker_inside_the_input_falls_back_to_encoding(

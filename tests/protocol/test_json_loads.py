@@ -1,0 +1,93 @@
+"""``jsonrpc.loads`` gives exactly the standard library's answer, fast path or not."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from tritask.jsonrpc import loads
+
+
+def _reject(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def reference(data: bytes | str) -> Any:
+    """What ``loads`` was before the fast path: the standard library, strict."""
+    text = data.decode("utf-8") if isinstance(data, bytes) else data
+    return json.loads(text, parse_constant=_reject)
+
+
+def typed(value: Any) -> Any:
+    """A value with its JSON types spelled out (``1``, ``1.0``, ``True`` and ``-0.0`` differ)."""
+    if isinstance(value, dict):
+        return ("object", [(key, typed(item)) for key, item in value.items()])
+    if isinstance(value, list):
+        return ("array", [typed(item) for item in value])
+    if isinstance(value, float):
+        return ("float", repr(value))
+    return (type(value).__name__, value)
+
+
+def answer(fn: Any, data: bytes | str) -> Any:
+    try:
+        return ("value", typed(fn(data)))
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
+        return ("error", type(exc))
+
+
+def same_as_reference(data: bytes | str) -> None:
+    assert answer(loads, data) == answer(reference, data)
+
+
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**90), max_value=2**90)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text()
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(), inner, max_size=5),
+    max_leaves=25,
+)
+
+
+@given(values, st.booleans(), st.booleans())
+@example(2**64, False, True)  # beyond 64 bits: the fast path would say 1.8446744073709552e19
+@example(-(2**63) - 1, False, False)  # 19 digits, below the 64-bit range
+@example("\ud800", False, True)  # a lone surrogate, escaped
+@example({"a": [1.0, -0.0, 1e16, 5e-324]}, True, True)
+def test_encoded_values(value: Any, ascii_only: bool, as_bytes: bool) -> None:
+    text = json.dumps(value, ensure_ascii=ascii_only)
+    same_as_reference(text.encode("utf-8", "surrogatepass") if as_bytes else text)
+
+
+@given(st.text(max_size=40))
+@example("1e400")  # overflows to inf in the standard library, refused by orjson
+@example("NaN")
+@example('{"a": 1, "a": 2}')
+@example("\ufeff{}")
+@example('"\\ud800\\udc00"')
+@example("[1,]")
+def test_arbitrary_text(text: str) -> None:
+    same_as_reference(text)
+    same_as_reference(text.encode("utf-8", "surrogatepass"))
+
+
+@given(st.binary(max_size=40))
+@example(b'"\xff"')
+@example(b"[" * 5000 + b"]" * 5000)
+def test_arbitrary_bytes(data: bytes) -> None:
+    same_as_reference(data)
+
+
+@given(values, st.integers(min_value=0, max_value=60), st.binary(min_size=1, max_size=3))
+def test_damaged_documents(value: Any, at: int, junk: bytes) -> None:
+    data = json.dumps(value).encode("utf-8", "surrogatepass")
+    at = min(at, len(data))
+    same_as_reference(data[:at] + junk + data[at:])
