@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import time
 
 import pytest
@@ -83,6 +84,15 @@ def test_round_trip(us: int) -> None:
     text = format_instant(us)
     assert parse_instant(text) == us
     assert len(text) == (24 if us % 1000 == 0 else 27)
+
+
+@given(st.integers(min_value=0, max_value=MAX_INSTANT))
+def test_format_matches_datetime_isoformat(us: int) -> None:
+    """The per-second cache changes nothing: the text is ``datetime.isoformat``'s."""
+    moment = datetime.datetime(1970, 1, 1) + datetime.timedelta(microseconds=us)
+    spec = "milliseconds" if us % 1000 == 0 else "microseconds"
+    assert format_instant(us) == moment.isoformat(timespec=spec) + "Z"
+    assert format_instant(us) == format_instant(us)  # a cached second gives the same text
 
 
 def test_system_clock_is_whole_milliseconds() -> None:

@@ -7,6 +7,7 @@ store; text only appears at the edges (wire fields and persisted records).
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import re
 import time
 from collections.abc import Callable
@@ -48,10 +49,17 @@ _NAIVE_EPOCH = _dt.datetime(1970, 1, 1)
 def format_instant(us: int) -> str:
     """ISO-8601 UTC text: millisecond form when ``us`` is whole milliseconds, else 6 digits."""
     _check_instant(us)
-    moment = _NAIVE_EPOCH + _dt.timedelta(microseconds=us)
-    if us % 1000 == 0:
-        return moment.isoformat(timespec="milliseconds") + "Z"
-    return moment.isoformat(timespec="microseconds") + "Z"
+    seconds, micros = divmod(us, 1_000_000)
+    if micros % 1000 == 0:
+        return f"{_second_text(seconds)}.{micros // 1000:03d}Z"
+    return f"{_second_text(seconds)}.{micros:06d}Z"
+
+
+@functools.lru_cache(maxsize=256)
+def _second_text(seconds: int) -> str:
+    """``YYYY-MM-DDTHH:MM:SS`` of a whole second (cached: a pure function, and the instants a
+    server formats crowd into the last few seconds, several per task)."""
+    return (_NAIVE_EPOCH + _dt.timedelta(seconds=seconds)).isoformat(timespec="seconds")
 
 
 def parse_instant(text: str) -> int:
