@@ -284,9 +284,9 @@ def _record_text(value: object) -> str:
     orjson writes it (UTF-8; it is several times faster than the standard library, and the
     record of every task is written twice); what orjson cannot encode exactly (a lone
     surrogate, an integer beyond 64 bits) is written by ``_dump``. The values are checked JSON
-    (no NaN, no foreign types), so both encoders mean the same value; only the text of a
-    record is never compared with another encoder's (the planned settle compares a row with
-    the one this store wrote).
+    (no NaN, no foreign types), so both encoders mean the same value. A record's text is only
+    ever compared with text this store wrote (the planned settle's match of the whole row),
+    never with another encoder's.
     """
     try:
         return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode("utf-8")

@@ -480,10 +480,11 @@ async def _servers_from(count: int, options: list[str]) -> AsyncIterator[list[Se
 async def bench_tasks(params: TasksParams) -> dict[str, Any]:
     """End to end over HTTP vs the store's raw limit, in the same run.
 
-    ``repeats`` rounds, each a tritask run on a fresh store and then the raw loop on a fresh
-    file or table, interleaved so that both sides see the same drift of the machine (a virtual
-    disk's fsync time varies by half from one minute to the next). The figures are those of
-    the median round of each side; the ratio is of the two medians.
+    ``repeats`` rounds, each a tritask run on a fresh store (``sqlite:auto``: a new file per
+    round; an explicit ``sqlite:PATH`` is reused) and then the raw loop on a fresh file or
+    table, interleaved so that both sides see the same drift of the machine (a virtual disk's
+    fsync time moves by a third from one minute to the next). The figures are those of the
+    median round of each side; the ratio is of the two medians.
     """
     runs: list[dict[str, Any]] = []
     raws: list[dict[str, Any]] = []
