@@ -370,26 +370,28 @@ async def test_cancelled_call_is_cancelled_on_the_server(pg_schemas: SchemaFacto
         assert [row[:2] for row in activity(dsn, app)] == [(pid, "idle")]
 
 
+def backend_pid(conn: psycopg.Connection[Any]) -> int:
+    """The server process behind a pooled connection (the same pid: the same connection)."""
+    row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 async def test_pool_cancels_a_running_query_and_reuses_the_connection(postgres_dsn: str) -> None:
     app = f"tritask-pool-{time.monotonic_ns()}"
     pool = ConnectionPool(postgres_dsn, size=1, connect_kwargs={"application_name": app})
 
-    def backend(conn: psycopg.Connection[Any]) -> int:
-        row = conn.execute("SELECT pg_backend_pid()").fetchone()
-        assert row is not None
-        return int(row[0])
-
     try:
-        pid = await pool.run(backend)
+        pid = await pool.run(backend_pid)
         with trio.move_on_after(0.2) as scope:
             await pool.run(lambda conn: conn.execute("SELECT pg_sleep(30)"))
         assert scope.cancelled_caught
         assert [row[:2] for row in activity(postgres_dsn, app)] == [(pid, "idle")]
-        assert await pool.run(backend) == pid
+        assert await pool.run(backend_pid) == pid
         # a statement that fails on its own is not a cancellation, and the connection survives
         with pytest.raises(psycopg.errors.DivisionByZero):
             await pool.run(lambda conn: conn.execute("SELECT 1 / 0"))
-        assert await pool.run(backend) == pid
+        assert await pool.run(backend_pid) == pid
     finally:
         await pool.aclose()
     await assert_disconnected(postgres_dsn, app)
@@ -409,13 +411,8 @@ async def test_pool_returns_a_result_that_beat_the_cancellation(postgres_dsn: st
         gate.wait()  # no query runs: the cancel request finds the backend idle
         return "late"
 
-    def backend(conn: psycopg.Connection[Any]) -> int:
-        row = conn.execute("SELECT pg_backend_pid()").fetchone()
-        assert row is not None
-        return int(row[0])
-
     try:
-        pid = await pool.run(backend)
+        pid = await pool.run(backend_pid)
         scope = trio.CancelScope()
 
         async def caller() -> None:
@@ -438,7 +435,7 @@ async def test_pool_returns_a_result_that_beat_the_cancellation(postgres_dsn: st
             await pool.run(lambda conn: ran.append(True))
         assert early.cancelled_caught
         assert ran == []
-        assert await pool.run(backend) == pid  # the same connection, still usable
+        assert await pool.run(backend_pid) == pid  # the same connection, still usable
     finally:
         gate.set()
         await pool.aclose()

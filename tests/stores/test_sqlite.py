@@ -754,10 +754,13 @@ async def test_history_entries(tmp_path: Path) -> None:
 # -- the planned settle -----------------------------------------------------------------------
 
 
-async def created_claimed(store: SqliteStore, task_id: str) -> Claimed:
+async def created_claimed(
+    store: SqliteStore, task_id: str, work_input: dict[str, Any] | None = None
+) -> Claimed:
     access = await store.authorize(A, Action.CREATE, task_id)
     task = new_task(task_id, 0, 60_000, 5)
-    work = Work(idempotency_key=task_id, type="contract", input={"taskId": task_id, "n": [1, 2]})
+    given = {"taskId": task_id, "n": [1, 2]} if work_input is None else work_input
+    work = Work(idempotency_key=task_id, type="contract", input=given)
     return await store.create_claimed_stamped(task, work, access, "owner-1", LEASE_MS)
 
 
@@ -938,10 +941,7 @@ async def test_a_stamped_creation_stores_the_canonical_record(tmp_path: Path) ->
 async def test_records_keep_every_json_value_exactly(tmp_path: Path, value: Any) -> None:
     """Whichever encoder writes a record, reading it gives back the same value and types."""
     async with sqlite_store(tmp_path / "tasks.db", ManualClock()) as store:
-        access = await store.authorize(A, Action.CREATE, "task-1")
-        task = new_task("task-1", 0, 60_000, 5)
-        work = Work(idempotency_key="task-1", type="contract", input=value)
-        claimed_ = await store.create_claimed_stamped(task, work, access, "owner-1", LEASE_MS)
+        claimed_ = await created_claimed(store, "task-1", value)
         done = Event.completed({"content": [], "isError": False, "structuredContent": value})
         result = await store.settle("task-1", 0, done, claimed_.lease)
         assert isinstance(result, Transition) and result.outcome == "applied"
@@ -960,11 +960,8 @@ async def test_a_stamp_marker_inside_the_input_falls_back_to_encoding(
     fixed = uuid.UUID("00000000-0000-4000-8000-000000000000")
     monkeypatch.setattr(uuid, "uuid4", lambda: fixed)
     async with sqlite_store(tmp_path / "tasks.db", ManualClock()) as store:
-        access = await store.authorize(A, Action.CREATE, "task-1")
-        task = new_task("task-1", 0, 60_000, 5)
         marker = f"tritask-stamp-{fixed}"
-        work = Work(idempotency_key="task-1", type="contract", input={"x": marker})
-        claimed_ = await store.create_claimed_stamped(task, work, access, "owner-1", LEASE_MS)
+        claimed_ = await created_claimed(store, "task-1", {"x": marker})
         assert stored_record(store.path) == canonical_record(claimed_.snapshot)
         stored = await get(store, "task-1")
         assert stored.work is not None and stored.work.input == {"x": marker}

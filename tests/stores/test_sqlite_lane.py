@@ -7,9 +7,10 @@ a hang.
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,13 @@ def op(ran: list[int], n: int) -> Callable[[sqlite3.Connection], int]:
     return fn
 
 
+async def start_in_order(nursery: trio.Nursery, *callers: Callable[[], Awaitable[object]]) -> None:
+    """Start each caller once every task is blocked again, so they reach the lane in order."""
+    for caller in callers:
+        nursery.start_soon(caller)
+        await trio.testing.wait_all_tasks_blocked()
+
+
 async def test_one_hop_drains_the_callers_queued_behind_it(conn: sqlite3.Connection) -> None:
     lane = Lane(conn, budget=16)
     ran: list[int] = []
@@ -66,11 +74,11 @@ async def test_one_hop_drains_the_callers_queued_behind_it(conn: sqlite3.Connect
 
     with trio.fail_after(GUARD):
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(call, 0, gate(ran, 0, release))
-            await trio.testing.wait_all_tasks_blocked()
-            for n in range(1, 6):
-                nursery.start_soon(call, n, op(ran, n))
-                await trio.testing.wait_all_tasks_blocked()
+            await start_in_order(
+                nursery,
+                functools.partial(call, 0, gate(ran, 0, release)),
+                *(functools.partial(call, n, op(ran, n)) for n in range(1, 6)),
+            )
             assert ran == []
             release.set()
     assert ran == [0, 1, 2, 3, 4, 5]
@@ -87,11 +95,11 @@ async def test_the_budget_bounds_the_driver_then_the_baton_moves_on(
     release = threading.Event()
     with trio.fail_after(GUARD):
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(lane.run, gate(ran, 0, release))
-            await trio.testing.wait_all_tasks_blocked()
-            for n in range(1, 7):
-                nursery.start_soon(lane.run, op(ran, n))
-                await trio.testing.wait_all_tasks_blocked()
+            await start_in_order(
+                nursery,
+                functools.partial(lane.run, gate(ran, 0, release)),
+                *(functools.partial(lane.run, op(ran, n)) for n in range(1, 7)),
+            )
             release.set()
     # hop 1: the driver's op and 2 more; hop 2 (driven by op 3's caller): 3 and 2 more; hop 3: 6
     assert ran == [0, 1, 2, 3, 4, 5, 6]
@@ -116,12 +124,12 @@ async def test_a_cancelled_queued_operation_never_runs(conn: sqlite3.Connection)
 
     with trio.fail_after(GUARD):
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(lane.run, gate(ran, 0, release))
-            await trio.testing.wait_all_tasks_blocked()
-            nursery.start_soon(cancellable)
-            await trio.testing.wait_all_tasks_blocked()
-            nursery.start_soon(lane.run, op(ran, 2))
-            await trio.testing.wait_all_tasks_blocked()
+            await start_in_order(
+                nursery,
+                functools.partial(lane.run, gate(ran, 0, release)),
+                cancellable,
+                functools.partial(lane.run, op(ran, 2)),
+            )
             scope.cancel()
             await trio.testing.wait_all_tasks_blocked()
             assert outcome == ["cancelled"]  # at once, while the hop is still blocked
@@ -154,12 +162,12 @@ async def test_cancelling_a_running_operation_interrupts_it(conn: sqlite3.Connec
 
     with trio.fail_after(GUARD):
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(lane.run, gate(ran, 0, release))
-            await trio.testing.wait_all_tasks_blocked()
-            nursery.start_soon(cancellable)
-            await trio.testing.wait_all_tasks_blocked()
-            nursery.start_soon(lane.run, op(ran, 2))
-            await trio.testing.wait_all_tasks_blocked()
+            await start_in_order(
+                nursery,
+                functools.partial(lane.run, gate(ran, 0, release)),
+                cancellable,
+                functools.partial(lane.run, op(ran, 2)),
+            )
             release.set()
             await started.wait()
             scope.cancel()
@@ -193,10 +201,7 @@ async def test_a_cancelled_driver_interrupts_its_own_operation_and_passes_the_ba
         async with trio.open_nursery() as nursery:
             nursery.start_soon(driver)
             await started.wait()
-            nursery.start_soon(call, 1)
-            await trio.testing.wait_all_tasks_blocked()
-            nursery.start_soon(call, 2)
-            await trio.testing.wait_all_tasks_blocked()
+            await start_in_order(nursery, functools.partial(call, 1), functools.partial(call, 2))
             scope.cancel()
     assert ran == [1, 2]
     assert sorted(results) == [10, 20]
@@ -258,12 +263,12 @@ async def test_wait_idle_waits_for_queued_work(conn: sqlite3.Connection) -> None
 
     with trio.fail_after(GUARD):
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(lane.run, gate(ran, 0, release))
-            await trio.testing.wait_all_tasks_blocked()
-            nursery.start_soon(lane.run, op(ran, 1))
-            await trio.testing.wait_all_tasks_blocked()
-            nursery.start_soon(waiter)
-            await trio.testing.wait_all_tasks_blocked()
+            await start_in_order(
+                nursery,
+                functools.partial(lane.run, gate(ran, 0, release)),
+                functools.partial(lane.run, op(ran, 1)),
+                waiter,
+            )
             assert not idle.is_set()
             release.set()
     assert idle.is_set()
