@@ -1160,7 +1160,7 @@ class SqliteStore:
         if event.kind not in SETTLE_KINDS:
             raise UnauthorizedAction(f"settle cannot apply {event.kind.value}")
         document = event.to_json()
-        event_text = _record_text(document)  # the replay text is only needed off the planned path
+        event_text = _record_text(document)  # the ledger row's text, on either path
         planned = self._plan_settle(task_id, expected_revision, event, lease)
 
         def body(conn: sqlite3.Connection, now: int) -> Transition | Conflict | NotFound:
