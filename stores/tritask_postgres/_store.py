@@ -35,7 +35,7 @@ import functools
 import json
 import secrets
 import uuid
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from types import TracebackType
 from typing import Any, Final, NoReturn, Self, TypeVar
 
@@ -93,6 +93,7 @@ from tritask.tasks.store import (
 )
 from tritask.tasks.work import CodecError, JSONObject, Work, canonical_json
 from tritask_postgres._migrations import check_schema, redact_dsn, resolve_schema
+from tritask_postgres._native import Session, Statement, statement
 from tritask_postgres._pool import ConnectionPool
 from tritask_postgres._wakeups import Wakeup, WakeupKind, listen, notify_payload
 
@@ -355,7 +356,7 @@ class PostgresStore:
             setup=self._setup,
         )
         try:
-            self._store_id = await pool.run(
+            self._store_id = await pool.run_sync(
                 lambda conn: check_schema(conn, self._display, self._schema)
             )
         except BaseException:
@@ -392,8 +393,9 @@ class PostgresStore:
             raise RuntimeError("open the store first: async with PostgresStore(...) as store")
         return self._pool, self._store_id
 
-    async def _run(self, fn: Callable[[Conn], T]) -> T:
-        """One transaction, one thread hop; lock waits and timeouts become ``DatabaseBusy``."""
+    async def _run(self, fn: Callable[[Session], Awaitable[T]]) -> T:
+        """One transaction on one pooled connection; lock waits and timeouts become
+        ``DatabaseBusy``."""
         pool, _ = self._opened()
         try:
             return await pool.run(fn)
@@ -489,12 +491,12 @@ class PostgresStore:
             max_active=self._max_active or 0,
         )
         limited = self._max_tasks is not None or self._max_active is not None
-        statement = self._q.insert_stamped if stamp else self._q.insert
+        inserting = self._q.insert_stamped if stamp else self._q.insert
 
-        def insert(conn: Conn) -> tuple[str, int, int | None]:
+        async def insert(session: Session) -> tuple[str, int, int | None]:
             """The stored record's text, the creation instant and the claim's expiry (``None``
             without a claim); raises when the id exists."""
-            row = conn.execute(statement, params).fetchone()
+            row = (await session.execute(inserting, params)).fetchone()
             assert row is not None
             inserted, expires_at, created_at, now, _, stored = row
             if inserted != 1:
@@ -503,13 +505,13 @@ class PostgresStore:
                 raise AlreadyExists(task.id)
             return stored, int(created_at), None if expires_at is None else int(expires_at)
 
-        def run(conn: Conn) -> tuple[str, int, int | None]:
+        async def run(session: Session) -> tuple[str, int, int | None]:
             if not limited:
-                return insert(conn)  # one statement: atomic without a transaction
-            with conn.transaction():
-                conn.execute(self._q.capacity_lock, params)
+                return await insert(session)  # one statement: atomic without a transaction
+            async with session.transaction():
+                await session.execute(self._q.capacity_lock, params)
                 # A new statement, so its snapshot includes the previous lock holder's insert.
-                row = conn.execute(self._q.capacity_counts, params).fetchone()
+                row = (await session.execute(self._q.capacity_counts, params)).fetchone()
                 assert row is not None
                 exists, total, active = row
                 if exists:
@@ -518,7 +520,7 @@ class PostgresStore:
                     raise CapacityExceeded("max_tasks")
                 if self._max_active is not None and active >= self._max_active:
                     raise CapacityExceeded("max_active_tasks_per_scope")
-                return insert(conn)
+                return await insert(session)
 
         stored, created_at, expires_at = await self._run(run)
         # The record as stored (stamped by the statement when ``stamp``), decoded strictly: a
@@ -546,16 +548,16 @@ class PostgresStore:
         if not isinstance(access, Access):
             raise TypeError("request authority needs an Access from authorize()")
 
-        def run(conn: Conn) -> Snapshot | NotFound:
-            now, row = self._read(conn, task_id)
+        async def run(session: Session) -> Snapshot | NotFound:
+            now, row = await self._read(session, task_id)
             if row is None or not self._visible(row, task_id, access, now, _READ_ACTIONS):
                 return NOT_FOUND
             return row.snapshot
 
         return await self._run(run)
 
-    def _read(self, conn: Conn, task_id: str) -> tuple[int, _Row | None]:
-        values = conn.execute(self._q.read, self._params(task_id=task_id)).fetchone()
+    async def _read(self, session: Session, task_id: str) -> tuple[int, _Row | None]:
+        values = (await session.execute(self._q.read, self._params(task_id=task_id))).fetchone()
         assert values is not None
         now = int(values[0])
         return now, None if values[1] is None else _decode_row(values[1:])
@@ -598,8 +600,8 @@ class PostgresStore:
     async def worker_snapshot(self, task_id: str, lease: Lease) -> Snapshot | NotFound:
         self._opened()
 
-        def run(conn: Conn) -> Snapshot | NotFound:
-            now, row = self._read(conn, task_id)
+        async def run(session: Session) -> Snapshot | NotFound:
+            now, row = await self._read(session, task_id)
             if row is None:
                 return NOT_FOUND
             self._check_lease(row, lease, now)
@@ -619,7 +621,9 @@ class PostgresStore:
             return UNAVAILABLE
         return None
 
-    def _grant(self, conn: Conn, row: _Row, owner_id: str, lease_ms: int, now: int) -> Claimed:
+    async def _grant(
+        self, session: Session, row: _Row, owner_id: str, lease_ms: int, now: int
+    ) -> Claimed:
         lease = Lease(
             store_id=self._store_id or "",
             task_id=row.task_id,
@@ -628,11 +632,11 @@ class PostgresStore:
             generation=row.generation + 1,
             expires_at=_lease_expiry(now, lease_ms),
         )
-        self._store_claim(conn, lease)
+        await self._store_claim(session, lease)
         return Claimed(row.snapshot, lease)
 
-    def _store_claim(self, conn: Conn, lease: Lease) -> None:
-        conn.execute(
+    async def _store_claim(self, session: Session, lease: Lease) -> None:
+        await session.execute(
             self._q.set_claim,
             {
                 "task_id": lease.task_id,
@@ -643,13 +647,13 @@ class PostgresStore:
             },
         )
 
-    def _lock(self, conn: Conn, task_id: str) -> _Row | None:
-        values = conn.execute(self._q.lock, {"task_id": task_id}).fetchone()
+    async def _lock(self, session: Session, task_id: str) -> _Row | None:
+        values = (await session.execute(self._q.lock, {"task_id": task_id})).fetchone()
         return None if values is None else _decode_row(values)
 
-    def _clock_now(self, conn: Conn) -> int:
+    async def _clock_now(self, session: Session) -> int:
         """The database clock, read in its own statement (so: after any lock we hold)."""
-        row = conn.execute(self._q.now, self._params()).fetchone()
+        row = (await session.execute(self._q.now, self._params())).fetchone()
         assert row is not None
         return int(row[0])
 
@@ -659,16 +663,16 @@ class PostgresStore:
         self._opened()
         owner_id, lease_ms = check_owner(owner_id), check_positive_ms(lease_ms, "lease_ms")
 
-        def run(conn: Conn) -> Claimed | Deferred | Unavailable | NotFound:
-            with conn.transaction():
-                row = self._lock(conn, task_id)
+        async def run(session: Session) -> Claimed | Deferred | Unavailable | NotFound:
+            async with session.transaction():
+                row = await self._lock(session, task_id)
                 if row is None:
                     return NOT_FOUND
-                now = self._clock_now(conn)
+                now = await self._clock_now(session)
                 verdict = self._eligibility(row, now)
                 if verdict is not None:
                     return verdict
-                return self._grant(conn, row, owner_id, lease_ms, now)
+                return await self._grant(session, row, owner_id, lease_ms, now)
 
         return await self._run(run)
 
@@ -676,26 +680,27 @@ class PostgresStore:
         self._opened()
         owner_id, lease_ms = check_owner(owner_id), check_positive_ms(lease_ms, "lease_ms")
 
-        def run(conn: Conn) -> Claimed | None:
+        async def run(session: Session) -> Claimed | None:
             skipped: list[str] = []
-            with conn.transaction():
+            async with session.transaction():
                 while True:
-                    values = conn.execute(self._q.claim_next, self._params(skip=skipped)).fetchone()
+                    found = await session.execute(self._q.claim_next, self._params(skip=skipped))
+                    values = found.fetchone()
                     if values is None:
                         return None
                     # SKIP LOCKED never waits, so the statement's clock is the lock's time.
                     now = int(values[0])
                     row = _decode_row(values[1:])
                     if self._eligibility(row, now) is None:
-                        return self._grant(conn, row, owner_id, lease_ms, now)
+                        return await self._grant(session, row, owner_id, lease_ms, now)
                     skipped.append(row.task_id)  # the record disagrees with the predicate
 
         return await self._run(run)
 
-    def _lease_row(self, conn: Conn, lease: Lease) -> _Row:
+    async def _lease_row(self, session: Session, lease: Lease) -> _Row:
         if not isinstance(lease, Lease) or lease.store_id != self._store_id:
             raise StaleLease("the lease is not from this store")
-        row = self._lock(conn, lease.task_id)
+        row = await self._lock(session, lease.task_id)
         if row is None:
             raise StaleLease("the leased task no longer exists")
         return row
@@ -704,16 +709,16 @@ class PostgresStore:
         self._opened()
         lease_ms = check_positive_ms(lease_ms, "lease_ms")
 
-        def run(conn: Conn) -> Lease:
-            with conn.transaction():
-                row = self._lease_row(conn, lease)
-                now = self._clock_now(conn)
+        async def run(session: Session) -> Lease:
+            async with session.transaction():
+                row = await self._lease_row(session, lease)
+                now = await self._clock_now(session)
                 self._check_lease(row, lease, now)
                 # A fresh token too: the old value goes stale even if the expiry repeats.
                 renewed = attrs.evolve(
                     lease, token=str(uuid.uuid4()), expires_at=_lease_expiry(now, lease_ms)
                 )
-                self._store_claim(conn, renewed)
+                await self._store_claim(session, renewed)
                 return renewed
 
         return await self._run(run)
@@ -721,18 +726,18 @@ class PostgresStore:
     async def release(self, lease: Lease) -> None:
         self._opened()
 
-        def run(conn: Conn) -> None:
-            with conn.transaction():
-                row = self._lease_row(conn, lease)
+        async def run(session: Session) -> None:
+            async with session.transaction():
+                row = await self._lease_row(session, lease)
                 if not self._matches(row, lease):
                     raise StaleLease("the lease does not match the task's claim")
-                self._clear_claim(conn, row.snapshot)
+                await self._clear_claim(session, row.snapshot)
 
         await self._run(run)
 
-    def _clear_claim(self, conn: Conn, snapshot: Snapshot) -> None:
+    async def _clear_claim(self, session: Session, snapshot: Snapshot) -> None:
         """Release the locked task's claim, waking other runners if work is left."""
-        conn.execute(
+        await session.execute(
             self._q.clear_claim,
             {
                 "task_id": snapshot.task.id,
@@ -786,7 +791,7 @@ class PostgresStore:
             )
         )
 
-    def _transition(
+    async def _transition(
         self,
         task_id: str,
         expected_revision: int,
@@ -794,17 +799,19 @@ class PostgresStore:
         event_json: str,
         authority: Authority,
         release: bool,
-        conn: Conn,
+        session: Session,
     ) -> Transition | Conflict | NotFound:
         """One transition in one transaction; with ``release`` (a settle) a ``Transition``
         also clears the worker's claim, in the same write when the event applies."""
-        with conn.transaction():
-            row = self._lock(conn, task_id)
+        async with session.transaction():
+            row = await self._lock(session, task_id)
             if row is None:
                 return NOT_FOUND
             # A new statement after the lock: the clock and the ledger as of now.
-            seen = conn.execute(
-                self._q.now_and_seen, self._params(task_id=task_id, event_id=event.id)
+            seen = (
+                await session.execute(
+                    self._q.now_and_seen, self._params(task_id=task_id, event_id=event.id)
+                )
             ).fetchone()
             assert seen is not None
             now = int(seen[0])
@@ -830,7 +837,7 @@ class PostgresStore:
                 if seen[1] != event_json:
                     raise EventIdReused(event.id)
                 if release:
-                    self._clear_claim(conn, snapshot)
+                    await self._clear_claim(session, snapshot)
                 return self._replayed(snapshot, seen)
             if snapshot.revision != expected_revision:
                 return Conflict(snapshot)
@@ -839,7 +846,7 @@ class PostgresStore:
             outcome = apply(snapshot, event, committed_at)
             if outcome.kind == "unchanged":
                 if release:
-                    self._clear_claim(conn, snapshot)
+                    await self._clear_claim(session, snapshot)
                 return Transition(
                     outcome="unchanged",
                     snapshot=snapshot,
@@ -848,26 +855,25 @@ class PostgresStore:
                     committed_at=committed_at,
                 )
             new = outcome.snapshot
-            written = conn.execute(
-                self._q.write_releasing if release else self._q.write,
-                {
-                    "task_id": task_id,
-                    "expected": snapshot.revision,
-                    "record": canonical_json(_record_json(new)),
-                    "revision": new.revision,
-                    "status": new.task.status.value,
-                    "retry_at": new.retry_at,
-                    "event_id": event.id,
-                    "event_kind": event.kind.value,
-                    "event": event_json,
-                    "committed_at": committed_at,
-                    "effects": canonical_json(effects_to_json(outcome.effects)),
-                    "channel": self._channel,
-                    # At most two wake-ups, as scalars: a text[] parameter costs more to dump.
-                    "payload": self._wakeup_for(event.kind, new),
-                    "released": self._released_payload(new) if release else None,
-                },
-            ).fetchone()
+            fields = {
+                "task_id": task_id,
+                "expected": snapshot.revision,
+                "record": canonical_json(_record_json(new)),
+                "revision": new.revision,
+                "status": new.task.status.value,
+                "retry_at": new.retry_at,
+                "event_id": event.id,
+                "event_kind": event.kind.value,
+                "event": event_json,
+                "committed_at": committed_at,
+                "effects": canonical_json(effects_to_json(outcome.effects)),
+                "channel": self._channel,
+                # At most two wake-ups, as scalars: a text[] parameter costs more to dump.
+                "payload": self._wakeup_for(event.kind, new),
+                "released": self._released_payload(new) if release else None,
+            }
+            query = self._q.write_releasing if release else self._q.write
+            written = (await session.execute(query, fields)).fetchone()
             if written is None or written[0] != 1:
                 raise CorruptStore(task_id, "the locked row changed under its lock")
             return Transition(
@@ -926,14 +932,14 @@ class PostgresStore:
         """Delete up to ``reap_batch_size`` expired aggregates (call again for more)."""
         self._opened()
 
-        def run(conn: Conn) -> list[str]:
-            with conn.transaction():
-                rows = conn.execute(
+        async def run(session: Session) -> list[str]:
+            async with session.transaction():
+                found = await session.execute(
                     self._q.reap_select, self._params(batch=self._reap_batch)
-                ).fetchall()
-                ids = [_decode_row(values).task_id for values in rows]  # validate first
+                )
+                ids = [_decode_row(values).task_id for values in found.rows]  # validate first
                 if ids:
-                    conn.execute(self._q.reap_delete, {"ids": ids})
+                    await session.execute(self._q.reap_delete, {"ids": ids})
             return sorted(ids)
 
         return await self._run(run)
@@ -945,12 +951,12 @@ class PostgresStore:
         """
         self._opened()
 
-        def run(conn: Conn) -> list[LedgerEntry]:
-            with conn.transaction():
-                found = conn.execute(self._q.lock_share, {"task_id": task_id}).fetchone()
+        async def run(session: Session) -> list[LedgerEntry]:
+            async with session.transaction():
+                found = (await session.execute(self._q.lock_share, {"task_id": task_id})).fetchone()
                 if found is None:
                     return []
-                rows = conn.execute(self._q.ledger, {"ids": [task_id]}).fetchall()
+                rows = (await session.execute(self._q.ledger, {"ids": [task_id]})).rows
             return _validate_ledger(_decode_row(found), rows)
 
         return await self._run(run)
@@ -964,14 +970,16 @@ class PostgresStore:
         self._opened()
         check_audit_page(limit, after)
 
-        def run(conn: Conn) -> AuditPage:
-            with conn.transaction():
-                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-                raws = conn.execute(
-                    self._q.audit_page, {"after": after or "", "limit": limit}
-                ).fetchall()
+        async def run(session: Session) -> AuditPage:
+            async with session.transaction():
+                await session.execute(self._q.read_only)
+                raws = (
+                    await session.execute(
+                        self._q.audit_page, {"after": after or "", "limit": limit}
+                    )
+                ).rows
                 checked = tuple(str(raw[0]) for raw in raws)
-                ledger = conn.execute(self._q.ledger, {"ids": list(checked)}).fetchall()
+                ledger = (await session.execute(self._q.ledger, {"ids": list(checked)})).rows
             by_task: dict[str, list[tuple[Any, ...]]] = {}
             for entry in ledger:
                 by_task.setdefault(entry[0], []).append(entry)
@@ -1022,8 +1030,8 @@ class _Queries:
         s = sql.Identifier(schema)
         now = "%(now)s::bigint" if injected_clock else _CLOCK_SQL
 
-        def q(text: str) -> bytes:
-            return (
+        def q(text: str) -> Statement:
+            return statement(
                 sql.SQL(text.replace("{now}", now).replace("{active}", _ACTIVE))
                 .format(t=sql.SQL("{}.tasks").format(s), e=sql.SQL("{}.task_events").format(s))
                 .as_bytes(None)
@@ -1031,6 +1039,7 @@ class _Queries:
 
         cols = _COLUMNS.replace("{", "{{").replace("}", "}}")
         self.now = q("SELECT {now}")
+        self.read_only = q("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         self.read = q(
             "SELECT n.now, " + cols + " FROM (SELECT {now} AS now) n"
             " LEFT JOIN {t} t ON t.task_id = %(task_id)s"
@@ -1083,7 +1092,7 @@ class _Queries:
             " AND status IN {active} LIMIT %(max_active)s) b)"
         )
 
-        def insert(record: str, created_at: str, expires_at: str, where: str = "") -> bytes:
+        def insert(record: str, created_at: str, expires_at: str, where: str = "") -> Statement:
             return q(
                 "WITH n AS MATERIALIZED (SELECT {now} AS now),"
                 " i AS (INSERT INTO {t} (task_id, record, scope, revision, status, created_at_us,"
@@ -1116,7 +1125,7 @@ class _Queries:
             f" WHERE n.now BETWEEN 0 AND {MAX_INSTANT}",
         )
 
-        def write(releasing: bool) -> bytes:
+        def write(releasing: bool) -> Statement:
             claim = "claim_owner = NULL, claim_token = NULL, claim_expires_at_us = NULL, "
             return q(
                 "WITH u AS (UPDATE {t} SET record = %(record)s::json, revision = %(revision)s,"

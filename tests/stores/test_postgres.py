@@ -17,7 +17,6 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
-import psycopg
 import pytest
 import trio
 from postgres_support import SchemaFactory, connect, pg_schemas, postgres_dsn
@@ -33,7 +32,6 @@ from tritask_postgres import (
 )
 from tritask_postgres import _migrations as migrations
 from tritask_postgres._migrations import Migration, redact_dsn, split_store_url
-from tritask_postgres._pool import ConnectionPool
 
 from tritask.migrate import add_migrate_command, run_migrate
 from tritask.tasks.events import Effects, Event
@@ -368,78 +366,6 @@ async def test_cancelled_call_is_cancelled_on_the_server(pg_schemas: SchemaFacto
         lease = await claimed(store, "task-1")  # same connection, still usable
         assert lease.generation == 1
         assert [row[:2] for row in activity(dsn, app)] == [(pid, "idle")]
-
-
-def backend_pid(conn: psycopg.Connection[Any]) -> int:
-    """The server process behind a pooled connection (the same pid: the same connection)."""
-    row = conn.execute("SELECT pg_backend_pid()").fetchone()
-    assert row is not None
-    return int(row[0])
-
-
-async def test_pool_cancels_a_running_query_and_reuses_the_connection(postgres_dsn: str) -> None:
-    app = f"tritask-pool-{time.monotonic_ns()}"
-    pool = ConnectionPool(postgres_dsn, size=1, connect_kwargs={"application_name": app})
-
-    try:
-        pid = await pool.run(backend_pid)
-        with trio.move_on_after(0.2) as scope:
-            await pool.run(lambda conn: conn.execute("SELECT pg_sleep(30)"))
-        assert scope.cancelled_caught
-        assert [row[:2] for row in activity(postgres_dsn, app)] == [(pid, "idle")]
-        assert await pool.run(backend_pid) == pid
-        # a statement that fails on its own is not a cancellation, and the connection survives
-        with pytest.raises(psycopg.errors.DivisionByZero):
-            await pool.run(lambda conn: conn.execute("SELECT 1 / 0"))
-        assert await pool.run(backend_pid) == pid
-    finally:
-        await pool.aclose()
-    await assert_disconnected(postgres_dsn, app)
-
-
-async def test_pool_returns_a_result_that_beat_the_cancellation(postgres_dsn: str) -> None:
-    """A call cancelled while its thread runs waits for that thread (the connection is never
-    left busy), and a thread that finished its work anyway delivers its result; the caller's
-    next checkpoint is cancelled. A call cancelled before its hop never runs."""
-    app = f"tritask-pool-late-{time.monotonic_ns()}"
-    pool = ConnectionPool(postgres_dsn, size=1, connect_kwargs={"application_name": app})
-    entered, gate = threading.Event(), threading.Event()
-    results: list[object] = []
-
-    def late(conn: psycopg.Connection[Any]) -> str:
-        entered.set()
-        gate.wait()  # no query runs: the cancel request finds the backend idle
-        return "late"
-
-    try:
-        pid = await pool.run(backend_pid)
-        scope = trio.CancelScope()
-
-        async def caller() -> None:
-            with scope:
-                results.append(await pool.run(late))
-                await trio.lowlevel.checkpoint()
-                results.append("not cancelled")
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(caller)
-            await trio.to_thread.run_sync(entered.wait)
-            scope.cancel()  # the caller stops waiting at once; its thread is still in ``late``
-            gate.set()
-        assert results == ["late"]
-        assert scope.cancelled_caught
-
-        ran: list[bool] = []
-        with trio.CancelScope() as early:
-            early.cancel()
-            await pool.run(lambda conn: ran.append(True))
-        assert early.cancelled_caught
-        assert ran == []
-        assert await pool.run(backend_pid) == pid  # the same connection, still usable
-    finally:
-        gate.set()
-        await pool.aclose()
-    await assert_disconnected(postgres_dsn, app)
 
 
 async def test_lock_timeout_is_database_busy(pg_schemas: SchemaFactory) -> None:

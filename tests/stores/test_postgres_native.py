@@ -1,0 +1,271 @@
+"""The PostgreSQL driver the store runs on: libpq's non-blocking API on the trio thread.
+
+Statements, parameters and result types round-trip exactly; errors are psycopg's; a cancelled
+statement is stopped on the server, one that finished first still returns its result; the pool
+reuses only idle connections.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import psycopg
+import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from postgres_support import connect, postgres_dsn
+from test_postgres import activity, assert_disconnected
+from tritask_postgres._native import Result, Session, statement
+from tritask_postgres._pool import ConnectionPool
+
+__all__ = ["postgres_dsn"]  # the fixture this module uses
+
+pytestmark = pytest.mark.postgres
+
+NUL_FREE = st.text(st.characters(blacklist_characters="\x00", codec="utf-8"))
+
+
+def test_placeholders_become_numbered_parameters() -> None:
+    stmt = statement(b"SELECT %(a)s::text, %(b)s::bigint, %(a)s::text, 100 %% 7")
+    assert stmt.text == b"SELECT $1::text, $2::bigint, $1::text, 100 % 7"
+    assert stmt.names == ("a", "b")
+    assert stmt.name.startswith(b"tritask_")
+    assert statement("SELECT 1").name != stmt.name
+    assert statement("SELECT 1") == statement(b"SELECT 1")
+    with pytest.raises(ValueError, match="lone %"):
+        statement("SELECT 'x' LIKE 'a%'")
+
+
+@pytest.fixture
+async def session(postgres_dsn: str) -> Any:
+    pool = ConnectionPool(postgres_dsn, size=1, connect_kwargs={})
+    try:
+        async with pool._session() as session:
+            yield session
+    finally:
+        await pool.aclose()
+
+
+async def one(session: Session, sql: str, **params: object) -> Any:
+    row = (await session.execute(statement(sql), params)).fetchone()
+    assert row is not None
+    return row[0] if len(row) == 1 else row
+
+
+async def test_values_round_trip_with_their_types(session: Session) -> None:
+    row = await one(
+        session,
+        "SELECT %(i)s::bigint, %(s)s::text, %(b)s::boolean, %(n)s::text, %(j)s::json,"
+        " %(u)s::uuid, 7::int2, 8::int4, 'x'::varchar, %(jb)s::jsonb, 'name'::name, NULL::int",
+        i=-(2**63),
+        s="é ☃ \U0001f600",
+        b=True,
+        n=None,
+        j='{"a": [1, 2.5, "\\u0000"]}',
+        jb='{"b":[true]}',
+        u="8c1bd1fe-5a2c-4f30-9c56-8f0c2d4a6e21",
+    )
+    assert row == (
+        -(2**63),
+        "é ☃ \U0001f600",
+        True,
+        None,
+        '{"a": [1, 2.5, "\\u0000"]}',
+        "8c1bd1fe-5a2c-4f30-9c56-8f0c2d4a6e21",
+        7,
+        8,
+        "x",
+        '{"b": [true]}',
+        "name",
+        None,
+    )
+    assert await one(session, "SELECT %(b)s::boolean", b=False) is False
+
+
+@settings(max_examples=60, deadline=None)
+@given(text=NUL_FREE, items=st.lists(NUL_FREE, max_size=5))
+def test_text_and_text_arrays_round_trip_exactly(
+    postgres_dsn: str, text: str, items: list[str]
+) -> None:
+    async def check() -> None:
+        pool = ConnectionPool(postgres_dsn, size=1, connect_kwargs={})
+        try:
+            async with pool._session() as session:
+                assert await one(session, "SELECT %(t)s::text", t=text) == text
+                got = await one(session, "SELECT array_to_json(%(a)s::text[])::text", a=items)
+                assert json.loads(got) == items
+        finally:
+            await pool.aclose()
+
+    trio.run(check)
+
+
+async def test_bad_parameters_are_refused_before_sending(session: Session) -> None:
+    with pytest.raises(psycopg.DataError, match="NUL"):
+        await session.execute(statement("SELECT %(t)s::text"), {"t": "a\x00b"})
+    with pytest.raises(psycopg.DataError, match="NUL"):
+        await session.execute(statement("SELECT %(t)s::text[]"), {"t": ["a\x00"]})
+    with pytest.raises(TypeError, match="float"):
+        await session.execute(statement("SELECT %(t)s::text"), {"t": 1.5})
+    with pytest.raises(KeyError):
+        await session.execute(statement("SELECT %(t)s::text"))
+    with pytest.raises(TypeError, match="oid 1700"):
+        await session.execute(statement("SELECT 1.5::numeric"))
+    assert session.idle
+    assert await one(session, "SELECT 1") == 1
+
+
+async def test_errors_are_psycopgs_and_the_transaction_rolls_back(session: Session) -> None:
+    await session.execute(statement("CREATE TEMP TABLE t (k int PRIMARY KEY)"))
+    with pytest.raises(psycopg.errors.DivisionByZero) as caught:
+        async with session.transaction():
+            await session.execute(statement("INSERT INTO t VALUES (1)"))
+            await session.execute(statement("SELECT 1 / 0"))
+    assert caught.value.diag.sqlstate == "22012"
+    assert session.idle
+    with pytest.raises(RuntimeError, match="body"):
+        async with session.transaction():
+            await session.execute(statement("INSERT INTO t VALUES (2)"))
+            raise RuntimeError("body")
+    async with session.transaction():
+        inserted = await session.execute(statement("INSERT INTO t VALUES (3), (4)"))
+    assert inserted.rowcount == 2
+    assert (await session.execute(statement("SELECT k FROM t ORDER BY k"))).rows == [(3,), (4,)]
+    assert session.idle
+
+
+async def test_statements_are_prepared_once_per_connection(session: Session) -> None:
+    stmt = statement("SELECT %(x)s::int + 1")
+    for n in range(3):
+        assert await one(session, "SELECT %(x)s::int + 1", x=n) == n + 1
+    prepared = await one(
+        session,
+        "SELECT count(*) FROM pg_prepared_statements WHERE name = %(name)s",
+        name=stmt.name.decode(),
+    )
+    assert prepared == 1
+
+
+def backend_pid(conn: psycopg.Connection[Any]) -> int:
+    """The server process behind a pooled connection (the same pid: the same connection)."""
+    row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_pool_cancels_a_running_query_and_reuses_the_connection(postgres_dsn: str) -> None:
+    app = f"tritask-pool-{time.monotonic_ns()}"
+    pool = ConnectionPool(postgres_dsn, size=1, connect_kwargs={"application_name": app})
+    sleep = statement("SELECT pg_sleep(30)")
+
+    try:
+        pid = await pool.run_sync(backend_pid)
+        with trio.move_on_after(0.2) as scope:
+            await pool.run(lambda session: session.execute(sleep))
+        assert scope.cancelled_caught
+        assert [row[:2] for row in activity(postgres_dsn, app)] == [(pid, "idle")]
+        assert await pool.run_sync(backend_pid) == pid
+        # a statement that fails on its own is not a cancellation, and the connection survives
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            await pool.run(lambda session: session.execute(statement("SELECT 1 / 0")))
+        assert await pool.run_sync(backend_pid) == pid
+        # cancelled inside a transaction: rolled back, the connection idle again
+        with trio.move_on_after(0.2) as scope:
+
+            async def in_transaction(session: Session) -> None:
+                async with session.transaction():
+                    await session.execute(statement("CREATE TABLE pool_cancel_probe (k int)"))
+                    await session.execute(sleep)
+
+            await pool.run(in_transaction)
+        assert scope.cancelled_caught
+        assert await pool.run_sync(backend_pid) == pid
+        exists = await pool.run(
+            lambda session: session.execute(
+                statement("SELECT to_regclass('pool_cancel_probe') IS NULL")
+            )
+        )
+        assert exists.rows == [(True,)]
+    finally:
+        await pool.aclose()
+    await assert_disconnected(postgres_dsn, app)
+
+
+async def test_a_statement_that_beat_the_cancellation_returns_its_result(
+    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server finished the statement before the cancel request reached it: the caller gets
+    the result, its next checkpoint is cancelled. A call cancelled before it sends anything
+    never runs."""
+    app = f"tritask-pool-late-{time.monotonic_ns()}"
+    pool = ConnectionPool(postgres_dsn, size=1, connect_kwargs={"application_name": app})
+    key = time.monotonic_ns() % 2**31
+    released = threading.Event()
+    real_cancel = Session._cancel_quietly
+
+    with connect(postgres_dsn) as holder:
+        holder.execute("SELECT pg_advisory_lock(%s)", (key,))
+
+        def finish_then_cancel(self: Session) -> None:
+            holder.execute("SELECT pg_advisory_unlock(%s)", (key,))
+            for _ in range(500):  # until the statement is done and the backend idle
+                if [row[1] for row in activity(postgres_dsn, app)] == ["idle"]:
+                    break
+                time.sleep(0.01)
+            released.set()
+            real_cancel(self)
+
+        monkeypatch.setattr(Session, "_cancel_quietly", finish_then_cancel)
+        results: list[object] = []
+        try:
+            pid = await pool.run_sync(backend_pid)
+            scope = trio.CancelScope()
+
+            async def caller() -> None:
+                with scope:
+                    locked = statement("SELECT 'late' FROM pg_advisory_xact_lock(%(key)s::bigint)")
+                    found: Result = await pool.run(
+                        lambda session: session.execute(locked, {"key": key})
+                    )
+                    results.append(found.rows)
+                    await trio.lowlevel.checkpoint()
+                    results.append("not cancelled")
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(caller)
+                for _ in range(500):  # until the statement waits for the lock
+                    rows = await trio.to_thread.run_sync(activity, postgres_dsn, app)
+                    if rows and rows[0][1:3] == ("active", "Lock"):
+                        break
+                    await trio.sleep(0.01)
+                scope.cancel()
+            assert released.is_set()
+            assert results == [[("late",)]]
+            assert scope.cancelled_caught
+
+            with trio.CancelScope() as early:
+                early.cancel()
+                await pool.run(lambda session: session.execute(statement("SELECT 1 / 0")))
+            assert early.cancelled_caught
+            assert await pool.run_sync(backend_pid) == pid  # the same connection, still usable
+        finally:
+            await pool.aclose()
+    await assert_disconnected(postgres_dsn, app)
+
+
+async def test_a_connection_that_is_not_idle_is_not_reused(postgres_dsn: str) -> None:
+    app = f"tritask-pool-busy-{time.monotonic_ns()}"
+    pool = ConnectionPool(postgres_dsn, size=1, connect_kwargs={"application_name": app})
+    try:
+        first = await pool.run_sync(backend_pid)
+        # left inside a transaction (a caller bug): closed at check-in, never handed out again
+        await pool.run(lambda session: session.execute(statement("BEGIN")))
+        second = await pool.run_sync(backend_pid)
+        assert second != first
+    finally:
+        await pool.aclose()
+    await assert_disconnected(postgres_dsn, app)
