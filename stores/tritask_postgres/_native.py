@@ -30,6 +30,7 @@ TLS, multiple hosts) and it stays usable by psycopg code in a worker thread betw
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import re
@@ -184,61 +185,109 @@ _ROLLBACK: Final = statement(b"ROLLBACK")
 class Session:
     """One pooled connection's statements, run from the trio thread (one caller at a time)."""
 
-    __slots__ = ("_cancellers", "_prepared", "conn", "pgconn")
+    __slots__ = ("_begin", "_cancellers", "_prepared", "conn", "pgconn")
 
     def __init__(self, conn: psycopg.Connection[Any], cancellers: trio.CapacityLimiter) -> None:
         self.conn = conn
         self.pgconn = conn.pgconn
         self._prepared: set[bytes] = set()
         self._cancellers = cancellers
+        self._begin = False  # a transaction was opened; BEGIN goes with its first statement
 
     @property
     def idle(self) -> bool:
         """Connected, outside any transaction, nothing pending: reusable by the next caller."""
         pgconn = self.pgconn
         return (
-            pgconn.status == pq.ConnStatus.OK
+            not self._begin
+            and pgconn.status == pq.ConnStatus.OK
             and pgconn.transaction_status == pq.TransactionStatus.IDLE
+            and pgconn.pipeline_status == pq.PipelineStatus.OFF
         )
 
-    async def execute(self, stmt: Statement, params: Mapping[str, object] | None = None) -> Result:
-        """Run one statement; raise psycopg's error for a failed one."""
+    async def execute(
+        self, stmt: Statement, params: Mapping[str, object] | None = None, *, commit: bool = False
+    ) -> Result:
+        """Run one statement; raise psycopg's error for a failed one. ``commit``: end the
+        transaction with a ``COMMIT`` sent with the statement (one round trip for both)."""
+        if commit:
+            result, _ = await self.pipeline((stmt, params), (_COMMIT, None))
+            return result
+        if self._begin:
+            (result,) = await self.pipeline((stmt, params))
+            return result
         await trio.lowlevel.checkpoint_if_cancelled()
-        values = [_dump(params[name]) for name in stmt.names] if params else None
-        if stmt.names and values is None:
-            raise KeyError(stmt.names[0])
+        values = _values(stmt, params)
+        await self._prepare((stmt,))
+        self.pgconn.send_query_prepared(stmt.name, values)
+        results = await self._results(pipelined=False)
+        self._raise_failure(results, 1)
+        return _load(results[0])
+
+    async def pipeline(self, *calls: tuple[Statement, Mapping[str, object] | None]) -> list[Result]:
+        """Several statements in one round trip (libpq's pipeline mode), each still its own
+        statement (a READ COMMITTED snapshot of its own). A failure raises; the statements after
+        it were skipped by the server. A ``BEGIN`` opened by :meth:`transaction` goes first."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        sends = [(stmt, _values(stmt, params)) for stmt, params in calls]
+        begin = self._begin
+        if begin:
+            sends.insert(0, (_BEGIN, None))
+        await self._prepare([stmt for stmt, _ in sends])
         pgconn = self.pgconn
-        if stmt.name not in self._prepared:
-            pgconn.send_prepare(stmt.name, stmt.text)
-            self._raise_failure(await self._results())
-            self._prepared.add(stmt.name)
-        pgconn.send_query_prepared(stmt.name, values)
-        results = await self._results()
-        self._raise_failure(results)
-        return _load(results[-1])
+        pgconn.enter_pipeline_mode()
+        try:
+            for stmt, values in sends:
+                pgconn.send_query_prepared(stmt.name, values)
+            pgconn.pipeline_sync()
+            self._begin = False
+            results = await self._results(pipelined=True)
+        finally:
+            if (
+                pgconn.status == pq.ConnStatus.OK
+                and pgconn.pipeline_status != pq.PipelineStatus.OFF
+            ):
+                # Every result has been read (also after a cancel): leaving cannot fail then,
+                # and a connection still in pipeline mode is never reused (see ``idle``).
+                with contextlib.suppress(psycopg.Error):
+                    pgconn.exit_pipeline_mode()
+        self._raise_failure(results, len(sends))
+        return [_load(result) for result in results[1 if begin else 0 :]]
+
+    async def _prepare(self, stmts: Sequence[Statement]) -> None:
+        """Prepare on this connection, once, the statements it has not seen yet."""
+        for stmt in stmts:
+            if stmt.name not in self._prepared:
+                self.pgconn.send_prepare(stmt.name, stmt.text)
+                self._raise_failure(await self._results(pipelined=False), 1)
+                self._prepared.add(stmt.name)
 
     @staticmethod
-    def _raise_failure(results: list[pq.abc.PGresult]) -> None:
+    def _raise_failure(results: list[pq.abc.PGresult], expected: int) -> None:
         for result in results:
             if result.status not in (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK):
                 raise psycopg.errors.error_from_result(result, encoding="utf-8")
-        if not results:
-            raise psycopg.OperationalError("the server sent no result")
+        if len(results) != expected:
+            raise psycopg.OperationalError(
+                f"the server sent {len(results)} results for {expected} statements"
+            )
 
-    async def _results(self) -> list[pq.abc.PGresult]:
+    async def _results(self, *, pipelined: bool) -> list[pq.abc.PGresult]:
         """Send what is queued and collect the answer; on cancellation see the module doc."""
         try:
-            return await self._collect()
+            return await self._collect(pipelined)
         except trio.Cancelled:
             with trio.CancelScope(shield=True):
-                late = await self._cancel_and_collect()
+                late = await self._cancel_and_collect(pipelined)
             if late is None or any(
                 r.error_field(pq.DiagnosticField.SQLSTATE) == _QUERY_CANCELED for r in late
             ):
                 raise  # our cancel stopped it (or the connection had to be closed)
             return late
 
-    async def _collect(self) -> list[pq.abc.PGresult]:
+    async def _collect(self, pipelined: bool) -> list[pq.abc.PGresult]:
+        """The results of what was sent: up to the end of one statement's results, or (in
+        pipeline mode) up to the pipeline's sync point. Aborted (skipped) results are kept."""
         pgconn = self.pgconn
         fd = pgconn.socket
         while pgconn.flush():
@@ -253,16 +302,20 @@ class Session:
                 continue
             result = pgconn.get_result()
             if result is None:
+                if pipelined:
+                    continue  # the end of one statement's results; more follow
+                return results
+            if pipelined and result.status == pq.ExecStatus.PIPELINE_SYNC:
                 return results
             results.append(result)
 
-    async def _cancel_and_collect(self) -> list[pq.abc.PGresult] | None:
+    async def _cancel_and_collect(self, pipelined: bool) -> list[pq.abc.PGresult] | None:
         """Shielded: ask the server to cancel, then wait for the statement's answer. ``None``
         when the connection had to be closed instead."""
         with trio.move_on_after(CANCEL_TIMEOUT_S * 2):
             try:
                 await trio.to_thread.run_sync(self._cancel_quietly, limiter=self._cancellers)
-                return await self._collect()
+                return await self._collect(pipelined)
             except psycopg.Error as exc:
                 log.warning("a cancelled PostgreSQL statement left its connection: %s", exc)
         self.conn.close()
@@ -276,15 +329,23 @@ class Session:
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:
-        """``BEGIN`` … ``COMMIT``; ``ROLLBACK`` (shielded) when the body raises."""
-        await self.execute(_BEGIN)
+        """A transaction: ``BEGIN`` goes with the body's first statement, ``COMMIT`` after the
+        body (unless its last statement committed: ``execute(..., commit=True)``), and a
+        shielded ``ROLLBACK`` when the body raises."""
+        if self._begin or self.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+            raise RuntimeError("a transaction is already open on this connection")
+        self._begin = True
         try:
             yield
         except BaseException:
+            self._begin = False
             with trio.CancelScope(shield=True):
                 await self._rollback_quietly()
             raise
-        await self.execute(_COMMIT)
+        if self._begin:  # the body sent nothing
+            self._begin = False
+        elif self.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+            await self.execute(_COMMIT)
 
     async def _rollback_quietly(self) -> None:
         if self.pgconn.status != pq.ConnStatus.OK:
@@ -298,3 +359,11 @@ class Session:
             except psycopg.Error as exc:
                 log.warning("could not roll back a PostgreSQL transaction: %s", exc)
         self.conn.close()  # not idle, not rolled back: never reuse it
+
+
+def _values(stmt: Statement, params: Mapping[str, object] | None) -> list[bytes | None] | None:
+    if not stmt.names:
+        return None
+    if params is None:
+        raise KeyError(stmt.names[0])
+    return [_dump(params[name]) for name in stmt.names]

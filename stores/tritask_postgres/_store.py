@@ -1,8 +1,9 @@
 """``PostgresStore``: the Store contract on PostgreSQL, for runners on many hosts.
 
-Every operation is one transaction in one worker-thread hop (see ``_pool``), and decides on the
-database's clock: ``clock_timestamp()`` read *after* the row lock, so a call that waited for a
-lock never judges a lease or a retry deadline by a time from before the wait.
+Every operation is one transaction on one pooled connection, its statements sent from the trio
+thread through libpq's non-blocking API (see ``_native``). It decides on the database's clock:
+``clock_timestamp()`` read *after* the row lock, so a call that waited for a lock never judges
+a lease or a retry deadline by a time from before the wait.
 
 * Transitions lock the row (``FOR UPDATE``), then read the clock and the event ledger in a new
   statement (a new READ COMMITTED snapshot, so a replay committed while we waited is seen), check
@@ -142,8 +143,8 @@ def _scope_text(key: str) -> str:
 def _stamp_pieces(document: JSONObject) -> list[str]:
     """A new record's canonical JSON text cut where its task's ``createdAt`` and
     ``lastUpdatedAt`` go: the inserting statement joins the three pieces with its clock's
-    instant (sent as three text parameters: a ``text[]`` parameter of JSON text costs far more
-    CPU to dump, every quote escaped by a regular expression).
+    instant (sent as three text parameters: as ``text[]`` elements every quote in the JSON would
+    need escaping).
 
     The cut marks are random, so the record's own data cannot contain them (checked).
     """
@@ -254,7 +255,7 @@ class PostgresStore:
     """The PostgreSQL store. ``scope`` is required; limits accept ``None`` for unlimited.
 
     Options: ``schema`` (default ``tritask``; also ``?schema=`` in the URL), ``pool_size``
-    connections (default 10, each used by one worker thread at a time), ``max_tasks`` (10,000)
+    connections (default 10, each used by one call at a time), ``max_tasks`` (10,000)
     and ``max_active_tasks_per_scope`` (100), ``reap_batch_size`` (500 per ``reap`` call),
     ``lock_timeout_ms`` (5,000: a row lock not granted in time raises ``DatabaseBusy``),
     ``statement_timeout_ms`` (15,000), ``connect_timeout_s`` and ``application_name`` (shown
@@ -636,6 +637,7 @@ class PostgresStore:
         return Claimed(row.snapshot, lease)
 
     async def _store_claim(self, session: Session, lease: Lease) -> None:
+        """Write the claim and commit (the last statement of its transaction)."""
         await session.execute(
             self._q.set_claim,
             {
@@ -645,6 +647,7 @@ class PostgresStore:
                 "generation": lease.generation,
                 "expires_at": lease.expires_at,
             },
+            commit=True,
         )
 
     async def _lock(self, session: Session, task_id: str) -> _Row | None:
@@ -665,10 +668,14 @@ class PostgresStore:
 
         async def run(session: Session) -> Claimed | Deferred | Unavailable | NotFound:
             async with session.transaction():
-                row = await self._lock(session, task_id)
-                if row is None:
+                locked, clock = await session.pipeline(
+                    (self._q.lock, {"task_id": task_id}), (self._q.now, self._params())
+                )
+                values = locked.fetchone()
+                if values is None:
                     return NOT_FOUND
-                now = await self._clock_now(session)
+                row = _decode_row(values)
+                now = int(clock.rows[0][0])  # its own statement: read after the lock
                 verdict = self._eligibility(row, now)
                 if verdict is not None:
                     return verdict
@@ -736,7 +743,8 @@ class PostgresStore:
         await self._run(run)
 
     async def _clear_claim(self, session: Session, snapshot: Snapshot) -> None:
-        """Release the locked task's claim, waking other runners if work is left."""
+        """Release the locked task's claim, waking other runners if work is left, and commit
+        (the last statement of its transaction)."""
         await session.execute(
             self._q.clear_claim,
             {
@@ -744,6 +752,7 @@ class PostgresStore:
                 "channel": self._channel,
                 "payload": self._released_payload(snapshot),
             },
+            commit=True,
         )
 
     def _released_payload(self, snapshot: Snapshot) -> str | None:
@@ -804,15 +813,17 @@ class PostgresStore:
         """One transition in one transaction; with ``release`` (a settle) a ``Transition``
         also clears the worker's claim, in the same write when the event applies."""
         async with session.transaction():
-            row = await self._lock(session, task_id)
-            if row is None:
+            # One round trip for BEGIN, the lock and, in a statement of its own that starts
+            # after the lock is granted, the clock and the ledger as of now.
+            locked, read = await session.pipeline(
+                (self._q.lock, {"task_id": task_id}),
+                (self._q.now_and_seen, self._params(task_id=task_id, event_id=event.id)),
+            )
+            values = locked.fetchone()
+            if values is None:
                 return NOT_FOUND
-            # A new statement after the lock: the clock and the ledger as of now.
-            seen = (
-                await session.execute(
-                    self._q.now_and_seen, self._params(task_id=task_id, event_id=event.id)
-                )
-            ).fetchone()
+            row = _decode_row(values)
+            seen = read.fetchone()
             assert seen is not None
             now = int(seen[0])
             if isinstance(authority, RequestAuthority):
@@ -868,12 +879,12 @@ class PostgresStore:
                 "committed_at": committed_at,
                 "effects": canonical_json(effects_to_json(outcome.effects)),
                 "channel": self._channel,
-                # At most two wake-ups, as scalars: a text[] parameter costs more to dump.
+                # At most two wake-ups, as two scalars.
                 "payload": self._wakeup_for(event.kind, new),
                 "released": self._released_payload(new) if release else None,
             }
             query = self._q.write_releasing if release else self._q.write
-            written = (await session.execute(query, fields)).fetchone()
+            written = (await session.execute(query, fields, commit=True)).fetchone()
             if written is None or written[0] != 1:
                 raise CorruptStore(task_id, "the locked row changed under its lock")
             return Transition(

@@ -269,3 +269,88 @@ async def test_a_connection_that_is_not_idle_is_not_reused(postgres_dsn: str) ->
     finally:
         await pool.aclose()
     await assert_disconnected(postgres_dsn, app)
+
+
+async def test_a_pipeline_runs_its_statements_in_order_in_one_round_trip(session: Session) -> None:
+    await session.execute(statement("CREATE TEMP TABLE p (k int PRIMARY KEY)"))
+    insert = statement("INSERT INTO p VALUES (%(k)s::int)")
+    count = statement("SELECT count(*) FROM p")
+    async with session.transaction():
+        first, counted, second = await session.pipeline(
+            (insert, {"k": 1}), (count, None), (insert, {"k": 2})
+        )
+        assert (first.rowcount, counted.rows, second.rowcount) == (1, [(1,)], 1)
+        assert session.pgconn.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        final = await session.execute(count, commit=True)
+        assert final.rows == [(2,)]
+        assert session.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert session.idle
+    # A failure raises; the statements after it were skipped, the transaction rolled back.
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        async with session.transaction():
+            await session.pipeline((insert, {"k": 3}), (insert, {"k": 1}), (insert, {"k": 4}))
+    assert session.idle
+    # Outside a transaction a pipeline is one implicit transaction: all or nothing.
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        await session.pipeline((insert, {"k": 5}), (statement("SELECT 1 / 0"), None))
+    assert (
+        await session.execute(statement("SELECT array_agg(k ORDER BY k)::text FROM p"))
+    ).rows == [("{1,2}",)]
+    assert session.idle
+
+
+async def test_begin_waits_for_the_first_statement(postgres_dsn: str) -> None:
+    app = f"tritask-pool-begin-{time.monotonic_ns()}"
+    pool = ConnectionPool(postgres_dsn, size=1, connect_kwargs={"application_name": app})
+
+    def state() -> str:
+        [(_, found, _, _)] = activity(postgres_dsn, app)
+        return str(found)
+
+    try:
+        async with pool._session() as session:
+            async with session.transaction():
+                assert state() == "idle"  # nothing sent yet
+            assert session.idle
+            async with session.transaction():
+                assert state() == "idle"
+                await session.execute(statement("SELECT 1"))
+                assert state() == "idle in transaction"  # BEGIN went with the statement
+            assert state() == "idle"
+            assert session.idle
+            with pytest.raises(RuntimeError, match="already open"):
+                async with session.transaction(), session.transaction():
+                    pass
+            assert session.idle
+    finally:
+        await pool.aclose()
+    await assert_disconnected(postgres_dsn, app)
+
+
+async def test_a_cancelled_pipeline_is_stopped_and_rolled_back(postgres_dsn: str) -> None:
+    app = f"tritask-pool-pipe-{time.monotonic_ns()}"
+    pool = ConnectionPool(postgres_dsn, size=1, connect_kwargs={"application_name": app})
+    try:
+        pid = await pool.run_sync(backend_pid)
+
+        async def stuck(session: Session) -> None:
+            async with session.transaction():
+                await session.pipeline(
+                    (statement("CREATE TABLE pipe_cancel_probe (k int)"), None),
+                    (statement("SELECT pg_sleep(30)"), None),
+                )
+
+        with trio.move_on_after(0.2) as scope:
+            await pool.run(stuck)
+        assert scope.cancelled_caught
+        assert [row[:2] for row in activity(postgres_dsn, app)] == [(pid, "idle")]
+        assert await pool.run_sync(backend_pid) == pid
+        gone = await pool.run(
+            lambda session: session.execute(
+                statement("SELECT to_regclass('pipe_cancel_probe')::text")
+            )
+        )
+        assert gone.rows == [(None,)]
+    finally:
+        await pool.aclose()
+    await assert_disconnected(postgres_dsn, app)
