@@ -7,6 +7,7 @@ reuses only idle connections.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import time
@@ -351,6 +352,39 @@ async def test_a_cancelled_pipeline_is_stopped_and_rolled_back(postgres_dsn: str
             )
         )
         assert gone.rows == [(None,)]
+    finally:
+        await pool.aclose()
+    await assert_disconnected(postgres_dsn, app)
+
+
+async def test_parameters_larger_than_the_socket_buffers_go_through(session: Session) -> None:
+    big = "x" * 3_000_000 + "é"  # several times the kernel's socket buffers: flushed in parts
+    row = await one(session, "SELECT length(%(t)s::text), md5(%(t)s::text)", t=big)
+    assert row == (3_000_001, hashlib.md5(big.encode()).hexdigest())
+    assert await one(session, "SELECT %(t)s::text", t=big) == big
+
+
+async def test_a_connection_lost_mid_statement_raises_and_is_replaced(postgres_dsn: str) -> None:
+    app = f"tritask-pool-lost-{time.monotonic_ns()}"
+    pool = ConnectionPool(postgres_dsn, size=1, connect_kwargs={"application_name": app})
+    try:
+        pid = await pool.run_sync(backend_pid)
+
+        async def kill_when_active() -> None:
+            for _ in range(500):
+                rows = await trio.to_thread.run_sync(activity, postgres_dsn, app)
+                if rows and rows[0][1] == "active":
+                    break
+                await trio.sleep(0.01)
+            with connect(postgres_dsn) as conn:
+                conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(kill_when_active)
+            with pytest.raises(psycopg.OperationalError):
+                await pool.run(lambda session: session.execute(statement("SELECT pg_sleep(30)")))
+        await assert_disconnected(postgres_dsn, app)
+        assert await pool.run_sync(backend_pid) != pid  # a new connection took its place
     finally:
         await pool.aclose()
     await assert_disconnected(postgres_dsn, app)
