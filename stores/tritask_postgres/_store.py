@@ -33,7 +33,6 @@ contract suite's deterministic time travel only; production leaves it unset.
 from __future__ import annotations
 
 import functools
-import json
 import secrets
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -46,6 +45,7 @@ import trio
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
+from tritask.jsonrpc import loads
 from tritask.tasks._time import MAX_INSTANT, Clock
 from tritask.tasks.events import Event, EventKind, effects_from_json, effects_to_json
 from tritask.tasks.model import CorruptRecord, Snapshot, Task, initial_snapshot, snapshot_from_json
@@ -92,7 +92,7 @@ from tritask.tasks.store import (
     new_access,
     require_scope,
 )
-from tritask.tasks.work import CodecError, JSONObject, Work, canonical_json
+from tritask.tasks.work import CodecError, JSONObject, Work, canonical_json, stored_text
 from tritask_postgres._migrations import check_schema, redact_dsn, resolve_schema
 from tritask_postgres._native import Session, Statement, statement
 from tritask_postgres._pool import ConnectionPool
@@ -152,9 +152,7 @@ def _stamp_pieces(document: JSONObject) -> list[str]:
     assert isinstance(task, dict)
     while True:
         mark = secrets.token_hex(16)
-        text = canonical_json(
-            {**document, "task": {**task, "createdAt": mark, "lastUpdatedAt": mark}}
-        )
+        text = stored_text({**document, "task": {**task, "createdAt": mark, "lastUpdatedAt": mark}})
         pieces = text.split(f'"{mark}"')
         if len(pieces) == 3:
             return pieces
@@ -205,7 +203,7 @@ def _decode_row(values: tuple[Any, ...]) -> _Row:
         raise CorruptStore(task_id, reason)
 
     try:
-        snapshot = snapshot_from_json(json.loads(record))
+        snapshot = snapshot_from_json(loads(record))
     except (CorruptRecord, CodecError, ValueError, TypeError) as exc:
         corrupt(f"undecodable record: {exc}")
     task = snapshot.task
@@ -241,6 +239,18 @@ def _validate_ledger(row: _Row, rows: list[tuple[Any, ...]]) -> list[LedgerEntry
     """The task's whole ledger (rows of ``_LEDGER_COLUMNS``), validated against itself and the
     record."""
     return decode_ledger(row.snapshot, (values[1:] for values in rows))
+
+
+def _same_event(stored: str, event_json: str, event: Event) -> bool:
+    """Whether the ledger's event text means ``event`` (``event_json``: its text as this
+    version writes it). Equal texts decide at once; otherwise the stored text is decoded and
+    compared exactly, since another encoder (an earlier version) may have written it."""
+    if stored == event_json:
+        return True
+    try:
+        return canonical_json(loads(stored)) == canonical_json(event.to_json())
+    except ValueError:
+        return False
 
 
 def _deferred_ms(retry_at: int, now: int) -> int:
@@ -470,7 +480,7 @@ class PostgresStore:
             head, middle, tail = _stamp_pieces(document)
             record = {"head": head, "middle": middle, "tail": tail}
         else:
-            record = {"record": canonical_json(document)}
+            record = {"record": stored_text(document)}
         owner, lease_ms = claim if claim is not None else (None, 0)
         token = None if claim is None else str(uuid.uuid4())
         params = self._params(
@@ -527,7 +537,7 @@ class PostgresStore:
         # The record as stored (stamped by the statement when ``stamp``), decoded strictly: a
         # copy the caller owns, with no second encoding of the document here.
         try:
-            snapshot = snapshot_from_json(json.loads(stored))
+            snapshot = snapshot_from_json(loads(stored))
         except (CorruptRecord, CodecError, ValueError, TypeError) as exc:
             raise CorruptStore(task.id, f"undecodable record: {exc}") from exc
         if snapshot.task.created_at != created_at or snapshot.task.id != task.id:
@@ -768,7 +778,7 @@ class PostgresStore:
     ) -> Transition | Conflict | NotFound:
         self._opened()
         check_transition_arguments(expected_revision, event)
-        event_json = canonical_json(event.to_json())
+        event_json = stored_text(event.to_json())
         return await self._run(
             functools.partial(
                 self._transition, task_id, expected_revision, event, event_json, authority, False
@@ -787,7 +797,7 @@ class PostgresStore:
         check_transition_arguments(expected_revision, event, "settle")
         if event.kind not in SETTLE_KINDS:
             raise UnauthorizedAction(f"settle cannot apply {event.kind.value}")
-        event_json = canonical_json(event.to_json())
+        event_json = stored_text(event.to_json())
         return await self._run(
             functools.partial(
                 self._transition,
@@ -835,7 +845,7 @@ class PostgresStore:
                     self._check_lease(row, authority.lease, now)
                 except StaleLease:
                     # The resend of a settle that committed and released (no later claim).
-                    if release and self._released_by(row, authority.lease, seen, event_json):
+                    if release and self._released_by(row, authority.lease, seen, event):
                         return self._replayed(row.snapshot, seen)
                     raise
                 if event.kind not in WORKER_KINDS:
@@ -845,7 +855,7 @@ class PostgresStore:
 
             snapshot = row.snapshot
             if seen[1] is not None:
-                if seen[1] != event_json:
+                if not _same_event(seen[1], event_json, event):
                     raise EventIdReused(event.id)
                 if release:
                     await self._clear_claim(session, snapshot)
@@ -869,7 +879,7 @@ class PostgresStore:
             fields = {
                 "task_id": task_id,
                 "expected": snapshot.revision,
-                "record": canonical_json(_record_json(new)),
+                "record": stored_text(_record_json(new)),
                 "revision": new.revision,
                 "status": new.task.status.value,
                 "retry_at": new.retry_at,
@@ -877,7 +887,7 @@ class PostgresStore:
                 "event_kind": event.kind.value,
                 "event": event_json,
                 "committed_at": committed_at,
-                "effects": canonical_json(effects_to_json(outcome.effects)),
+                "effects": stored_text(effects_to_json(outcome.effects)),
                 "channel": self._channel,
                 # At most two wake-ups, as two scalars.
                 "payload": self._wakeup_for(event.kind, new),
@@ -895,9 +905,7 @@ class PostgresStore:
                 committed_at=committed_at,
             )
 
-    def _released_by(
-        self, row: _Row, lease: object, seen: tuple[Any, ...], event_json: str
-    ) -> bool:
+    def _released_by(self, row: _Row, lease: object, seen: tuple[Any, ...], event: Event) -> bool:
         """Whether ``lease``'s claim was released with no later claim made, after ``event``
         was committed (``seen`` is its ledger row, if any)."""
         return (
@@ -907,7 +915,8 @@ class PostgresStore:
             and lease.epoch == 0
             and row.claim_owner is None
             and row.generation == lease.generation
-            and seen[1] == event_json
+            and seen[1] is not None
+            and _same_event(seen[1], stored_text(event.to_json()), event)
         )
 
     @staticmethod
@@ -915,7 +924,7 @@ class PostgresStore:
         """The original commit of an event id (``seen``: its ledger row), as a duplicate."""
         _, _, revision, committed_at, stored_effects = seen
         try:
-            effects = effects_from_json(json.loads(stored_effects))
+            effects = effects_from_json(loads(stored_effects))
         except (CodecError, ValueError, TypeError) as exc:
             raise CorruptStore(snapshot.task.id, f"undecodable ledger effects: {exc}") from exc
         return Transition(

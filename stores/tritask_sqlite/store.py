@@ -71,7 +71,6 @@ from types import TracebackType
 from typing import Any, Final, Literal, Self, TypeVar, final
 
 import attrs
-import orjson
 import trio
 
 from tritask.jsonrpc import loads
@@ -130,7 +129,7 @@ from tritask.tasks.store import (
     new_access,
     require_scope,
 )
-from tritask.tasks.work import JSONObject, Work, canonical_json
+from tritask.tasks.work import JSONObject, Work, canonical_json, stored_text
 from tritask_sqlite import schema
 from tritask_sqlite._lane import Lane
 
@@ -279,19 +278,10 @@ def _dump(value: object) -> str:
 
 
 def _record_text(value: object) -> str:
-    """The stored text of a record, an event or effects: sorted keys, compact JSON.
-
-    orjson writes it (UTF-8; it is several times faster than the standard library, and the
-    record of every task is written twice); what orjson cannot encode exactly (a lone
-    surrogate, an integer beyond 64 bits) is written by ``_dump``. The values are checked JSON
-    (no NaN, no foreign types), so both encoders mean the same value. A record's text is only
-    ever compared with text this store wrote (the planned settle's match of the whole row),
-    never with another encoder's.
-    """
-    try:
-        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode("utf-8")
-    except orjson.JSONEncodeError:
-        return _dump(value)
+    """The stored text of a record, an event or effects (see :func:`stored_text`). A record's
+    text is only ever compared with text this store wrote (the planned settle's match of the
+    whole row), never with another encoder's."""
+    return stored_text(value)
 
 
 def _new_record(task: Task, work: Work) -> tuple[Snapshot, JSONObject]:

@@ -9,6 +9,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from tritask.jsonrpc import loads
+from tritask.tasks.work import canonical_json, stored_text
 
 
 def _reject(name: str) -> Any:
@@ -91,3 +92,17 @@ def test_damaged_documents(value: Any, at: int, junk: bytes) -> None:
     data = json.dumps(value).encode("utf-8", "surrogatepass")
     at = min(at, len(data))
     same_as_reference(data[:at] + junk + data[at:])
+
+
+@given(values)
+@example({"lone": "\ud800", "big": 2**70, "exp": 1e16, "nested": [{"b": 1, "a": 2}]})
+@example("\u2028é\U0001f980\x00")
+def test_stored_text_means_the_value_exactly(value: Any) -> None:
+    text = stored_text(value)
+    text.encode("utf-8")  # always valid UTF-8, also for a lone surrogate (escaped)
+    # canonical_json tells 1, 1.0, true and -0.0 apart: the same value, exactly
+    assert canonical_json(json.loads(text)) == canonical_json(value)
+    compact = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    assert json.loads(text) == json.loads(compact)  # sorted and compact like the stdlib's
+    if isinstance(value, dict):
+        assert list(json.loads(text)) == sorted(value)

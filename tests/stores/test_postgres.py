@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import statistics
 import sys
 import threading
@@ -45,6 +46,7 @@ from tritask.tasks.store import (
     Conflict,
     CorruptStore,
     DatabaseBusy,
+    EventIdReused,
     Lease,
     RequestAuthority,
     Scope,
@@ -824,8 +826,10 @@ async def test_values_round_trip_exactly(pg_schemas: SchemaFactory) -> None:
         await create(store, "task-1", scope_value)
         worker = WorkerAuthority(await claimed(store, "task-1"))
         result = {"big": 10**30, "float": 1e100, "tiny": 5e-324, "neg": -0.0, "nul": "a\u0000b",
-                  "emoji": "🦀", "nested": [{"x": [1, 2.5, None, True]}]}  # fmt: skip
-        done = await store.transition("task-1", 0, Event.completed(result), worker)
+                  "emoji": "🦀", "nested": [{"x": [1, 2.5, None, True]}],
+                  "lone": "\ud800 and \udfff", "exp": 1e16}  # fmt: skip
+        event = Event.completed(result)
+        done = await store.transition("task-1", 0, event, worker)
         assert isinstance(done, Transition)
         get = await store.authorize(scope_value, Action.GET, "task-1")
         snapshot = await store.get("task-1", get)
@@ -838,6 +842,23 @@ async def test_values_round_trip_exactly(pg_schemas: SchemaFactory) -> None:
         assert type(stored["float"]) is float
         other = await store.authorize({"org": "ünï\u0000code", "n": 1}, Action.GET, "task-1")
         assert await store.get("task-1", other) is NOT_FOUND  # 1 and 1.0 are different scopes
+        # the event's resend is recognised, also when the ledger's text was written by another
+        # encoder (an earlier version's: spacing, escapes and 1e+16 for 1e16 may differ)
+        for _ in range(2):
+            replay = await store.transition("task-1", 0, event, worker)
+            assert isinstance(replay, Transition)
+            assert (replay.outcome, replay.event_revision) == ("duplicate", 1)
+            old_text = json.dumps(event.to_json(), indent=1)
+            raw_execute(
+                pg_schemas.dsn,
+                sql.SQL("UPDATE {}.task_events SET event = %s::json").format(
+                    sql.Identifier(schema)
+                ),
+                (old_text,),
+            )
+        changed = Event.completed({**result, "exp": 1e15}, id=event.id)
+        with pytest.raises(EventIdReused):
+            await store.transition("task-1", 0, changed, worker)
 
 
 @pytest.mark.contract("tasks-durable-store")

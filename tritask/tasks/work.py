@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
 import attrs
+import orjson
 
 __all__ = [
     "MAX_DELAY_MS",
@@ -26,6 +27,7 @@ __all__ = [
     "ensure_json",
     "ensure_json_object",
     "expect_keys",
+    "stored_text",
 ]
 
 JSONObject = dict[str, Any]
@@ -127,6 +129,21 @@ def canonical_text(value: Any) -> str:
     """:func:`canonical_json` of a value that is already checked JSON (the output of
     :func:`ensure_json`, e.g. a field of a ``Work`` or an ``Event``): nothing is copied."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def stored_text(value: Any) -> str:
+    """Sorted, compact JSON text of checked JSON for a store to write (records, effects).
+
+    orjson writes it (UTF-8, several times faster than the standard library); what orjson
+    cannot encode exactly (a lone surrogate, an integer beyond 64 bits) the standard library
+    writes with ASCII escapes, so the text is always valid UTF-8. The two encoders write equal
+    values differently (``1e16`` or ``1e+16``), so compare decoded values, or texts from this
+    function only, never its text with :func:`canonical_json`'s.
+    """
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode("utf-8")
+    except orjson.JSONEncodeError:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
 def clone_json(value: _T) -> _T:
