@@ -12,8 +12,9 @@ Per task it does what the store must at least do, and no more: one ``INSERT`` co
 settings, and through the store's own way of reaching the database, so the loop pays the same
 per-statement cost and nothing else:
 
-* SQLite: WAL, the same ``synchronous``, ``BEGIN IMMEDIATE``, one connection, each commit in a
-  ``trio.to_thread`` hop (the store's lane runs its statements in such hops too).
+* SQLite: WAL, the same ``synchronous``, one connection, each commit one autocommitted
+  statement (as the store's creation and planned settle are) in a ``trio.to_thread`` hop (the
+  store's lane runs its statements in such hops too).
 * PostgreSQL: the server's ``synchronous_commit``, ``connections`` concurrent connections,
   each statement autocommitted (one round trip per commit, the least there is) through the
   store's non-blocking libpq driver on the trio thread (``tritask_postgres._native``).
@@ -72,24 +73,19 @@ async def raw_sqlite(
         doc = _document("raw")
 
         def insert(task_id: str) -> None:
-            conn.execute("BEGIN IMMEDIATE")
             conn.execute(
                 "INSERT INTO raw_tasks (task_id, owner, generation, doc) VALUES (?, ?, 0, ?)",
                 (task_id, "raw", doc),
             )
-            conn.execute("COMMIT")
 
         def fenced(task_id: str, generation: int) -> None:
-            conn.execute("BEGIN IMMEDIATE")
             cursor = conn.execute(
                 "UPDATE raw_tasks SET generation = generation + 1, doc = ?"
                 " WHERE task_id = ? AND generation = ? AND owner = ?",
                 (doc, task_id, generation, "raw"),
             )
             if cursor.rowcount != 1:
-                conn.execute("ROLLBACK")
                 raise RuntimeError("fenced update matched no row")
-            conn.execute("COMMIT")
 
         prefix = uuid.uuid4().hex[:8]
         started = time.perf_counter()
