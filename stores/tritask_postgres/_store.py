@@ -141,7 +141,7 @@ def _scope_text(key: str) -> str:
 
 
 def _stamp_pieces(document: JSONObject) -> list[str]:
-    """A new record's canonical JSON text cut where its task's ``createdAt`` and
+    """A new record's stored JSON text (sorted keys, compact) cut where its task's ``createdAt`` and
     ``lastUpdatedAt`` go: the inserting statement joins the three pieces with its clock's
     instant (sent as three text parameters: as ``text[]`` elements every quote in the JSON would
     need escaping).
@@ -504,10 +504,10 @@ class PostgresStore:
         limited = self._max_tasks is not None or self._max_active is not None
         inserting = self._q.insert_stamped if stamp else self._q.insert
 
-        async def insert(session: Session) -> tuple[str, int, int | None]:
+        async def insert(session: Session, commit: bool) -> tuple[str, int, int | None]:
             """The stored record's text, the creation instant and the claim's expiry (``None``
             without a claim); raises when the id exists."""
-            row = (await session.execute(inserting, params)).fetchone()
+            row = (await session.execute(inserting, params, commit=commit)).fetchone()
             assert row is not None
             inserted, expires_at, created_at, now, _, stored = row
             if inserted != 1:
@@ -518,11 +518,15 @@ class PostgresStore:
 
         async def run(session: Session) -> tuple[str, int, int | None]:
             if not limited:
-                return await insert(session)  # one statement: atomic without a transaction
+                return await insert(session, False)  # one statement: atomic on its own
             async with session.transaction():
-                await session.execute(self._q.capacity_lock, params)
-                # A new statement, so its snapshot includes the previous lock holder's insert.
-                row = (await session.execute(self._q.capacity_counts, params)).fetchone()
+                # One round trip for BEGIN, the capacity lock and the counts, in a statement of
+                # their own that starts after the lock is granted, so its snapshot includes the
+                # previous lock holder's insert.
+                _, counted = await session.pipeline(
+                    (self._q.capacity_lock, params), (self._q.capacity_counts, params)
+                )
+                row = counted.fetchone()
                 assert row is not None
                 exists, total, active = row
                 if exists:
@@ -531,7 +535,7 @@ class PostgresStore:
                     raise CapacityExceeded("max_tasks")
                 if self._max_active is not None and active >= self._max_active:
                     raise CapacityExceeded("max_active_tasks_per_scope")
-                return await insert(session)
+                return await insert(session, True)
 
         stored, created_at, expires_at = await self._run(run)
         # The record as stored (stamped by the statement when ``stamp``), decoded strictly: a
@@ -660,10 +664,6 @@ class PostgresStore:
             commit=True,
         )
 
-    async def _lock(self, session: Session, task_id: str) -> _Row | None:
-        values = (await session.execute(self._q.lock, {"task_id": task_id})).fetchone()
-        return None if values is None else _decode_row(values)
-
     async def _clock_now(self, session: Session) -> int:
         """The database clock, read in its own statement (so: after any lock we hold)."""
         row = (await session.execute(self._q.now, self._params())).fetchone()
@@ -714,13 +714,21 @@ class PostgresStore:
 
         return await self._run(run)
 
-    async def _lease_row(self, session: Session, lease: Lease) -> _Row:
+    async def _lease_row(
+        self, session: Session, lease: Lease, *, clock: bool = False
+    ) -> tuple[_Row, int]:
+        """The leased task's row, locked, and with ``clock`` the database clock read after the
+        lock (in the same round trip; else 0)."""
         if not isinstance(lease, Lease) or lease.store_id != self._store_id:
             raise StaleLease("the lease is not from this store")
-        row = await self._lock(session, lease.task_id)
-        if row is None:
+        calls = [(self._q.lock, {"task_id": lease.task_id})]
+        if clock:
+            calls.append((self._q.now, self._params()))
+        results = await session.pipeline(*calls)
+        values = results[0].fetchone()
+        if values is None:
             raise StaleLease("the leased task no longer exists")
-        return row
+        return _decode_row(values), int(results[1].rows[0][0]) if clock else 0
 
     async def renew(self, lease: Lease, lease_ms: int) -> Lease:
         self._opened()
@@ -728,8 +736,7 @@ class PostgresStore:
 
         async def run(session: Session) -> Lease:
             async with session.transaction():
-                row = await self._lease_row(session, lease)
-                now = await self._clock_now(session)
+                row, now = await self._lease_row(session, lease, clock=True)
                 self._check_lease(row, lease, now)
                 # A fresh token too: the old value goes stale even if the expiry repeats.
                 renewed = attrs.evolve(
@@ -745,7 +752,7 @@ class PostgresStore:
 
         async def run(session: Session) -> None:
             async with session.transaction():
-                row = await self._lease_row(session, lease)
+                row, _ = await self._lease_row(session, lease)
                 if not self._matches(row, lease):
                     raise StaleLease("the lease does not match the task's claim")
                 await self._clear_claim(session, row.snapshot)
