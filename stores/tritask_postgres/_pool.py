@@ -47,10 +47,12 @@ def _is_idle_and_alive(conn: psycopg.Connection[Any]) -> bool:
     if conn.info.transaction_status != pq.TransactionStatus.IDLE:
         return False
     try:
-        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+        # poll, not select: select() refuses descriptors from 1024 on, which a busy server has.
+        poller = select.poll()
+        poller.register(conn.fileno(), select.POLLIN)
+        return not poller.poll(0)
     except (OSError, ValueError):
         return False
-    return not readable
 
 
 class ConnectionPool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 import time
 from typing import Any
@@ -387,4 +388,22 @@ async def test_a_connection_lost_mid_statement_raises_and_is_replaced(postgres_d
         assert await pool.run_sync(backend_pid) != pid  # a new connection took its place
     finally:
         await pool.aclose()
+    await assert_disconnected(postgres_dsn, app)
+
+
+async def test_connections_beyond_descriptor_1024_are_reused(postgres_dsn: str) -> None:
+    """The idle check before reuse must work for any descriptor (select() stops at 1024)."""
+    app = f"tritask-pool-fd-{time.monotonic_ns()}"
+    filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    pool = ConnectionPool(postgres_dsn, size=1, connect_kwargs={"application_name": app})
+    try:
+        pid = await pool.run_sync(backend_pid)
+        fd = await pool.run_sync(lambda conn: conn.fileno())
+        assert fd >= 1024
+        for _ in range(3):
+            assert await pool.run_sync(backend_pid) == pid  # the same connection every time
+    finally:
+        await pool.aclose()
+        for descriptor in filler:
+            os.close(descriptor)
     await assert_disconnected(postgres_dsn, app)
