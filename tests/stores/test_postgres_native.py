@@ -12,6 +12,8 @@ import json
 import os
 import threading
 import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
@@ -21,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from postgres_support import connect, postgres_dsn
 from test_postgres import activity, assert_disconnected
-from tritask_postgres._native import Result, Session, statement
+from tritask_postgres._native import Session, statement
 from tritask_postgres._pool import ConnectionPool
 
 __all__ = ["postgres_dsn"]  # the fixture this module uses
@@ -56,6 +58,37 @@ async def one(session: Session, sql: str, **params: object) -> Any:
     row = (await session.execute(statement(sql), params)).fetchone()
     assert row is not None
     return row[0] if len(row) == 1 else row
+
+
+@asynccontextmanager
+async def named_pool(dsn: str, label: str) -> AsyncIterator[tuple[ConnectionPool, str]]:
+    """A one-connection pool whose backend is found by its application name; every backend of
+    it must be gone once the pool is closed."""
+    app = f"tritask-pool-{label}-{time.monotonic_ns()}"
+    pool = ConnectionPool(dsn, size=1, connect_kwargs={"application_name": app})
+    try:
+        yield pool, app
+    finally:
+        await pool.aclose()
+    await assert_disconnected(dsn, app)
+
+
+async def until_backend(dsn: str, app: str, ready: Callable[[tuple[Any, ...]], bool]) -> None:
+    """Poll ``pg_stat_activity`` until the pool's backend is in the state ``ready`` wants."""
+    for _ in range(500):
+        rows = await trio.to_thread.run_sync(activity, dsn, app)
+        if rows and ready(rows[0]):
+            return
+        await trio.sleep(0.01)
+    pytest.fail(f"the backend never got there: {rows}")
+
+
+async def assert_no_table(pool: ConnectionPool, name: str) -> None:
+    """A table created by a transaction that was cancelled does not exist: it rolled back."""
+    found = await pool.run(
+        lambda session: session.execute(statement(f"SELECT to_regclass('{name}')::text"))
+    )
+    assert found.rows == [(None,)]
 
 
 async def test_values_round_trip_with_their_types(session: Session) -> None:
@@ -160,11 +193,8 @@ def backend_pid(conn: psycopg.Connection[Any]) -> int:
 
 
 async def test_pool_cancels_a_running_query_and_reuses_the_connection(postgres_dsn: str) -> None:
-    app = f"tritask-pool-{time.monotonic_ns()}"
-    pool = ConnectionPool(postgres_dsn, size=1, connect_kwargs={"application_name": app})
     sleep = statement("SELECT pg_sleep(30)")
-
-    try:
+    async with named_pool(postgres_dsn, "cancel") as (pool, app):
         pid = await pool.run_sync(backend_pid)
         with trio.move_on_after(0.2) as scope:
             await pool.run(lambda session: session.execute(sleep))
@@ -186,15 +216,7 @@ async def test_pool_cancels_a_running_query_and_reuses_the_connection(postgres_d
             await pool.run(in_transaction)
         assert scope.cancelled_caught
         assert await pool.run_sync(backend_pid) == pid
-        exists = await pool.run(
-            lambda session: session.execute(
-                statement("SELECT to_regclass('pool_cancel_probe') IS NULL")
-            )
-        )
-        assert exists.rows == [(True,)]
-    finally:
-        await pool.aclose()
-    await assert_disconnected(postgres_dsn, app)
+        await assert_no_table(pool, "pool_cancel_probe")
 
 
 async def test_a_statement_that_beat_the_cancellation_returns_its_result(
@@ -203,47 +225,39 @@ async def test_a_statement_that_beat_the_cancellation_returns_its_result(
     """The server finished the statement before the cancel request reached it: the caller gets
     the result, its next checkpoint is cancelled. A call cancelled before it sends anything
     never runs."""
-    app = f"tritask-pool-late-{time.monotonic_ns()}"
-    pool = ConnectionPool(postgres_dsn, size=1, connect_kwargs={"application_name": app})
     key = time.monotonic_ns() % 2**31
     released = threading.Event()
     real_cancel = Session._cancel_quietly
+    locked = statement("SELECT 'late' FROM pg_advisory_xact_lock(%(key)s::bigint)")
 
-    with connect(postgres_dsn) as holder:
-        holder.execute("SELECT pg_advisory_lock(%s)", (key,))
+    async with named_pool(postgres_dsn, "late") as (pool, app):
+        with connect(postgres_dsn) as holder:
+            holder.execute("SELECT pg_advisory_lock(%s)", (key,))
 
-        def finish_then_cancel(self: Session) -> None:
-            holder.execute("SELECT pg_advisory_unlock(%s)", (key,))
-            for _ in range(500):  # until the statement is done and the backend idle
-                if [row[1] for row in activity(postgres_dsn, app)] == ["idle"]:
-                    break
-                time.sleep(0.01)
-            released.set()
-            real_cancel(self)
+            def finish_then_cancel(self: Session) -> None:
+                holder.execute("SELECT pg_advisory_unlock(%s)", (key,))
+                for _ in range(500):  # until the statement is done and the backend idle
+                    if [row[1] for row in activity(postgres_dsn, app)] == ["idle"]:
+                        break
+                    time.sleep(0.01)
+                released.set()
+                real_cancel(self)
 
-        monkeypatch.setattr(Session, "_cancel_quietly", finish_then_cancel)
-        results: list[object] = []
-        try:
+            monkeypatch.setattr(Session, "_cancel_quietly", finish_then_cancel)
+            results: list[object] = []
             pid = await pool.run_sync(backend_pid)
             scope = trio.CancelScope()
 
             async def caller() -> None:
                 with scope:
-                    locked = statement("SELECT 'late' FROM pg_advisory_xact_lock(%(key)s::bigint)")
-                    found: Result = await pool.run(
-                        lambda session: session.execute(locked, {"key": key})
-                    )
+                    found = await pool.run(lambda session: session.execute(locked, {"key": key}))
                     results.append(found.rows)
                     await trio.lowlevel.checkpoint()
                     results.append("not cancelled")
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(caller)
-                for _ in range(500):  # until the statement waits for the lock
-                    rows = await trio.to_thread.run_sync(activity, postgres_dsn, app)
-                    if rows and rows[0][1:3] == ("active", "Lock"):
-                        break
-                    await trio.sleep(0.01)
+                await until_backend(postgres_dsn, app, lambda row: row[1:3] == ("active", "Lock"))
                 scope.cancel()
             assert released.is_set()
             assert results == [[("late",)]]
@@ -254,23 +268,14 @@ async def test_a_statement_that_beat_the_cancellation_returns_its_result(
                 await pool.run(lambda session: session.execute(statement("SELECT 1 / 0")))
             assert early.cancelled_caught
             assert await pool.run_sync(backend_pid) == pid  # the same connection, still usable
-        finally:
-            await pool.aclose()
-    await assert_disconnected(postgres_dsn, app)
 
 
 async def test_a_connection_that_is_not_idle_is_not_reused(postgres_dsn: str) -> None:
-    app = f"tritask-pool-busy-{time.monotonic_ns()}"
-    pool = ConnectionPool(postgres_dsn, size=1, connect_kwargs={"application_name": app})
-    try:
+    async with named_pool(postgres_dsn, "busy") as (pool, _):
         first = await pool.run_sync(backend_pid)
         # left inside a transaction (a caller bug): closed at check-in, never handed out again
         await pool.run(lambda session: session.execute(statement("BEGIN")))
-        second = await pool.run_sync(backend_pid)
-        assert second != first
-    finally:
-        await pool.aclose()
-    await assert_disconnected(postgres_dsn, app)
+        assert await pool.run_sync(backend_pid) != first
 
 
 async def test_a_pipeline_runs_its_statements_in_order_in_one_round_trip(session: Session) -> None:
@@ -302,14 +307,12 @@ async def test_a_pipeline_runs_its_statements_in_order_in_one_round_trip(session
 
 
 async def test_begin_waits_for_the_first_statement(postgres_dsn: str) -> None:
-    app = f"tritask-pool-begin-{time.monotonic_ns()}"
-    pool = ConnectionPool(postgres_dsn, size=1, connect_kwargs={"application_name": app})
+    async with named_pool(postgres_dsn, "begin") as (pool, app):
 
-    def state() -> str:
-        [(_, found, _, _)] = activity(postgres_dsn, app)
-        return str(found)
+        def state() -> str:
+            [(_, found, _, _)] = activity(postgres_dsn, app)
+            return str(found)
 
-    try:
         async with pool._session() as session:
             async with session.transaction():
                 assert state() == "idle"  # nothing sent yet
@@ -324,15 +327,10 @@ async def test_begin_waits_for_the_first_statement(postgres_dsn: str) -> None:
                 async with session.transaction(), session.transaction():
                     pass
             assert session.idle
-    finally:
-        await pool.aclose()
-    await assert_disconnected(postgres_dsn, app)
 
 
 async def test_a_cancelled_pipeline_is_stopped_and_rolled_back(postgres_dsn: str) -> None:
-    app = f"tritask-pool-pipe-{time.monotonic_ns()}"
-    pool = ConnectionPool(postgres_dsn, size=1, connect_kwargs={"application_name": app})
-    try:
+    async with named_pool(postgres_dsn, "pipe") as (pool, app):
         pid = await pool.run_sync(backend_pid)
 
         async def stuck(session: Session) -> None:
@@ -347,15 +345,7 @@ async def test_a_cancelled_pipeline_is_stopped_and_rolled_back(postgres_dsn: str
         assert scope.cancelled_caught
         assert [row[:2] for row in activity(postgres_dsn, app)] == [(pid, "idle")]
         assert await pool.run_sync(backend_pid) == pid
-        gone = await pool.run(
-            lambda session: session.execute(
-                statement("SELECT to_regclass('pipe_cancel_probe')::text")
-            )
-        )
-        assert gone.rows == [(None,)]
-    finally:
-        await pool.aclose()
-    await assert_disconnected(postgres_dsn, app)
+        await assert_no_table(pool, "pipe_cancel_probe")
 
 
 async def test_parameters_larger_than_the_socket_buffers_go_through(session: Session) -> None:
@@ -366,17 +356,11 @@ async def test_parameters_larger_than_the_socket_buffers_go_through(session: Ses
 
 
 async def test_a_connection_lost_mid_statement_raises_and_is_replaced(postgres_dsn: str) -> None:
-    app = f"tritask-pool-lost-{time.monotonic_ns()}"
-    pool = ConnectionPool(postgres_dsn, size=1, connect_kwargs={"application_name": app})
-    try:
+    async with named_pool(postgres_dsn, "lost") as (pool, app):
         pid = await pool.run_sync(backend_pid)
 
         async def kill_when_active() -> None:
-            for _ in range(500):
-                rows = await trio.to_thread.run_sync(activity, postgres_dsn, app)
-                if rows and rows[0][1] == "active":
-                    break
-                await trio.sleep(0.01)
+            await until_backend(postgres_dsn, app, lambda row: row[1] == "active")
             with connect(postgres_dsn) as conn:
                 conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
 
@@ -386,24 +370,17 @@ async def test_a_connection_lost_mid_statement_raises_and_is_replaced(postgres_d
                 await pool.run(lambda session: session.execute(statement("SELECT pg_sleep(30)")))
         await assert_disconnected(postgres_dsn, app)
         assert await pool.run_sync(backend_pid) != pid  # a new connection took its place
-    finally:
-        await pool.aclose()
-    await assert_disconnected(postgres_dsn, app)
 
 
 async def test_connections_beyond_descriptor_1024_are_reused(postgres_dsn: str) -> None:
     """The idle check before reuse must work for any descriptor (select() stops at 1024)."""
-    app = f"tritask-pool-fd-{time.monotonic_ns()}"
     filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
-    pool = ConnectionPool(postgres_dsn, size=1, connect_kwargs={"application_name": app})
     try:
-        pid = await pool.run_sync(backend_pid)
-        fd = await pool.run_sync(lambda conn: conn.fileno())
-        assert fd >= 1024
-        for _ in range(3):
-            assert await pool.run_sync(backend_pid) == pid  # the same connection every time
+        async with named_pool(postgres_dsn, "fd") as (pool, _):
+            pid = await pool.run_sync(backend_pid)
+            assert await pool.run_sync(lambda conn: conn.fileno()) >= 1024
+            for _ in range(3):
+                assert await pool.run_sync(backend_pid) == pid  # the same connection each time
     finally:
-        await pool.aclose()
         for descriptor in filler:
             os.close(descriptor)
-    await assert_disconnected(postgres_dsn, app)
