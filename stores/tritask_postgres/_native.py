@@ -3,9 +3,10 @@ non-blocking API (``psycopg.pq``), with no worker thread.
 
 Why: through ``trio.to_thread`` every statement costs a thread hop, and each blocking libpq call
 hands the GIL to another thread and waits to get it back: a bare loop of two single-statement
-commits per task took 0.45 ms of CPU per task that way, 0.11 ms without threads. psycopg's ``AsyncConnection`` is
-asyncio-only, but libpq's non-blocking calls (send, flush, consume input, get result) need
-nothing but a readable or writable socket, which trio waits for like any other socket.
+commits per task took 0.45 ms of CPU per task that way, 0.11 ms without threads. psycopg's
+``AsyncConnection`` is asyncio-only, but libpq's non-blocking calls (send, flush, consume input,
+get result) need nothing but a readable or writable socket, which trio waits for like any other
+socket.
 
 The connection is still a psycopg ``Connection``: psycopg connects it (parsing the conninfo,
 TLS, multiple hosts) and it stays usable by psycopg code in a worker thread between calls
