@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from tritask.jsonrpc import loads
+from tritask.jsonrpc import _has_long_digit_run, loads
 from tritask.tasks.work import canonical_json, stored_text
 
 
@@ -106,3 +107,13 @@ def test_stored_text_means_the_value_exactly(value: Any) -> None:
     assert json.loads(text) == json.loads(compact)  # sorted and compact like the stdlib's
     if isinstance(value, dict):
         assert list(json.loads(text)) == sorted(value)
+
+
+@given(st.text(alphabet=st.sampled_from('0123456789 .-e"٣\ud800x')) | st.text(), st.booleans())
+@example("1" * 19, False)
+@example("1" * 18 + " 1", True)
+@example("٣" * 19, False)  # Unicode digits never form a JSON number: no run
+def test_the_long_digit_guard_finds_exactly_ascii_digit_runs(text: str, as_bytes: bool) -> None:
+    data = text.encode("utf-8", "surrogatepass") if as_bytes else text
+    expected = re.search(r"[0-9]{19}", text) is not None
+    assert _has_long_digit_run(data) is expected
