@@ -1051,7 +1051,8 @@ class PostgresStore:
 
 
 class _Queries:
-    """The store's SQL, composed once per store for its schema (bytes: ready to send)."""
+    """The store's SQL, composed once per store for its schema, as prepared-statement-ready
+    :class:`~tritask_postgres._native.Statement` objects."""
 
     def __init__(self, schema: str, injected_clock: bool) -> None:
         s = sql.Identifier(schema)
