@@ -98,7 +98,7 @@ class ConnectionPool:
 
     async def run(self, fn: Callable[[Session], Awaitable[T]]) -> T:
         """Await ``fn(session)`` on a pooled connection, in the trio thread."""
-        async with self._session() as session:
+        async with self.session() as session:
             return await fn(session)
 
     async def run_sync(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
@@ -107,11 +107,12 @@ class ConnectionPool:
         Not cancellable once started (the thread runs to its end): for short administrative
         reads such as the schema check.
         """
-        async with self._session() as session:
+        async with self.session() as session:
             return await trio.to_thread.run_sync(fn, session.conn, limiter=self._threads)
 
     @asynccontextmanager
-    async def _session(self) -> AsyncIterator[Session]:
+    async def session(self) -> AsyncIterator[Session]:
+        """Hold one pooled connection for the block (``run`` is this around one call)."""
         try:
             # Fair like ``acquire()`` (it refuses while others wait), without its extra
             # schedule point: the first statement checks for cancellation anyway.

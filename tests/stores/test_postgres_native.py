@@ -48,7 +48,7 @@ def test_placeholders_become_numbered_parameters() -> None:
 async def session(postgres_dsn: str) -> Any:
     pool = ConnectionPool(postgres_dsn, size=1, connect_kwargs={})
     try:
-        async with pool._session() as session:
+        async with pool.session() as session:
             yield session
     finally:
         await pool.aclose()
@@ -129,7 +129,7 @@ def test_text_and_text_arrays_round_trip_exactly(
     async def check() -> None:
         pool = ConnectionPool(postgres_dsn, size=1, connect_kwargs={})
         try:
-            async with pool._session() as session:
+            async with pool.session() as session:
                 assert await one(session, "SELECT %(t)s::text", t=text) == text
                 got = await one(session, "SELECT array_to_json(%(a)s::text[])::text", a=items)
                 assert json.loads(got) == items
@@ -313,7 +313,7 @@ async def test_begin_waits_for_the_first_statement(postgres_dsn: str) -> None:
             [(_, found, _, _)] = activity(postgres_dsn, app)
             return str(found)
 
-        async with pool._session() as session:
+        async with pool.session() as session:
             async with session.transaction():
                 assert state() == "idle"  # nothing sent yet
             assert session.idle
