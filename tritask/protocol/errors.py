@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from tritask.jsonrpc import JsonRpcError, JSONValue
+from tritask.jsonrpc import InvalidParams, JsonRpcError, JSONValue
 
 
 class HeaderMismatch(JsonRpcError):
@@ -27,6 +27,14 @@ class MissingRequiredClientCapability(JsonRpcError):
     def __init__(self, required: dict[str, JSONValue], message: str | None = None) -> None:
         super().__init__(message, {"requiredCapabilities": required})
         self.required = required
+
+
+class ResourceNotFound(InvalidParams):
+    """No resource or template matches the URI: -32602 at 2026-07-28, -32002 in the 2025 era."""
+
+    def __init__(self, uri: str) -> None:
+        super().__init__("Resource not found", {"uri": uri})
+        self.uri = uri
 
 
 class UnsupportedProtocolVersion(JsonRpcError):

@@ -26,6 +26,7 @@ from tritask.server.schema import compile_validator, signature_schema, type_sche
 
 if TYPE_CHECKING:
     from tritask.server.dispatcher import Dispatcher
+    from tritask.server.legacy import LegacyDispatcher
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
@@ -229,6 +230,7 @@ class App:
         self.hub = Hub()
         self.capability_overrides: dict[str, JSONValue] = {}
         self._dispatcher: Dispatcher | None = None
+        self._legacy_dispatcher: LegacyDispatcher | None = None
         for extension in extensions:
             self.add_extension(extension)
 
@@ -240,6 +242,15 @@ class App:
 
             self._dispatcher = Dispatcher(self)
         return self._dispatcher
+
+    @property
+    def legacy_dispatcher(self) -> LegacyDispatcher:
+        """The router for initialize-era (2025) sessions, on the same handlers."""
+        if self._legacy_dispatcher is None:
+            from tritask.server.legacy import LegacyDispatcher
+
+            self._legacy_dispatcher = LegacyDispatcher(self.dispatcher)
+        return self._legacy_dispatcher
 
     # -- identity ------------------------------------------------------------------------
 

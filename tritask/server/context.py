@@ -10,7 +10,7 @@ id, progress token, ``_meta`` and request cancellation are dropped.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
@@ -19,13 +19,14 @@ from tritask.jsonrpc import JSONValue, RequestId, notification_message
 from tritask.protocol.capabilities import declared, elicitation_modes
 from tritask.protocol.meta import LOG_LEVELS, RequestMeta
 from tritask.server.mrtr import InputRequired
+from tritask.server.session import Emit, Session
 
 if TYPE_CHECKING:
     from tritask.server.app import App
 
 log = logging.getLogger("tritask.server")
 
-Emit = Callable[[dict[str, JSONValue]], Awaitable[None]]
+__all__ = ["Context", "Emit", "InputProvider", "NotInTask"]
 
 
 class NotInTask(RuntimeError):
@@ -61,6 +62,7 @@ class Context:
         input_provider: InputProvider | None = None,
         task_id: str | None = None,
         idempotency_key: str | None = None,
+        session: Session | None = None,
     ) -> None:
         self.app = app
         self.method = method
@@ -77,6 +79,8 @@ class Context:
         self._input_provider = input_provider
         self.task_id = task_id
         self.idempotency_key = idempotency_key
+        self.session = session
+        """The initialize-era session this request belongs to; ``None`` for 2026-07-28."""
         self._last_progress: float | None = None
 
     # -- identity and capabilities -------------------------------------------------------
@@ -107,6 +111,11 @@ class Context:
     def detached(self) -> bool:
         return self.transport == "task"
 
+    @property
+    def era(self) -> str:
+        """``"legacy"`` for a request of an initialize-era session, else ``"modern"``."""
+        return "modern" if self.session is None else "legacy"
+
     # -- request-scoped notifications ----------------------------------------------------
 
     async def progress(
@@ -128,12 +137,20 @@ class Context:
         await self._emit(notification_message("notifications/progress", params))
 
     async def log(self, level: str, data: JSONValue, logger: str | None = None) -> None:
-        """Send ``notifications/message`` only if this request opted in with ``logLevel``."""
-        threshold = self.meta.log_level
-        if threshold is None or self._emit is None or level not in LOG_LEVELS:
+        """Send ``notifications/message`` if the client wants it at ``level``.
+
+        A 2026-07-28 request opts in with its own ``logLevel``; a legacy session sets its
+        threshold once with ``logging/setLevel`` (and gets everything until it does).
+        """
+        if self._emit is None or level not in LOG_LEVELS:
             return
-        if LOG_LEVELS.index(level) < LOG_LEVELS.index(threshold):
-            return
+        if self.session is not None:
+            if not self.session.wants_log(level):
+                return
+        else:
+            threshold = self.meta.log_level
+            if threshold is None or LOG_LEVELS.index(level) < LOG_LEVELS.index(threshold):
+                return
         params: dict[str, JSONValue] = {"level": level, "data": data}
         if logger is not None:
             params["logger"] = logger

@@ -25,7 +25,11 @@ from tritask.jsonrpc import (
 )
 from tritask.protocol import headers as hdr
 from tritask.protocol.capabilities import declared_extensions, require_input_request
-from tritask.protocol.errors import MissingRequiredClientCapability, UnsupportedProtocolVersion
+from tritask.protocol.errors import (
+    MissingRequiredClientCapability,
+    ResourceNotFound,
+    UnsupportedProtocolVersion,
+)
 from tritask.protocol.meta import (
     SERVER_INFO_KEY,
     SUBSCRIPTION_ID_KEY,
@@ -168,13 +172,19 @@ class Dispatcher:
 
     # -- routing and negotiation ---------------------------------------------------------
 
-    def _route(self, method: str) -> tuple[Handler | None, str | None]:
+    def core_handler(self, method: str) -> Handler | None:
+        """The handler of a core method the app serves (its capability present), if any."""
         core = self._core.get(method)
-        if core is not None:
-            capability, handler = core
-            if capability is None or self.app.has_capability(capability):
-                return handler, None
-            return None, None
+        if core is None:
+            return None
+        capability, handler = core
+        if capability is None or self.app.has_capability(capability):
+            return handler
+        return None
+
+    def _route(self, method: str) -> tuple[Handler | None, str | None]:
+        if method in self._core:
+            return self.core_handler(method), None
         for extension_id, extension in self.app.extensions.items():
             extension_handler = extension.methods().get(method)
             if extension_handler is not None:
@@ -250,7 +260,12 @@ class Dispatcher:
         result: dict[str, JSONValue] = {"resultType": "input_required"}
         if value.input_requests:
             result["inputRequests"] = dict(value.input_requests)
-        if value.state is not None:
+        if ctx.session is not None:
+            # An initialize-era session answers the inputs itself (server-initiated requests,
+            # tritask.server.legacy): the state never leaves the process, so it is not sealed.
+            if value.state is not None:
+                result["requestState"] = value.state
+        elif value.state is not None:
             result["requestState"] = self.app.sealer.seal(
                 value.state,
                 method=ctx.method,
@@ -406,7 +421,7 @@ class Dispatcher:
         else:
             found = self.app.find_template(uri)
             if found is None:
-                raise InvalidParams("Resource not found", {"uri": uri})
+                raise ResourceNotFound(uri)
             template, arguments = found
             fn, context_param, mime_type = template.fn, template.context_param, template.mime_type
         if self.app.authorize is not None:
@@ -415,7 +430,7 @@ class Dispatcher:
         if isinstance(value, InputRequired):
             return self.input_required_result(value, ctx)
         if value is None:
-            raise InvalidParams("Resource not found", {"uri": uri})
+            raise ResourceNotFound(uri)
         try:
             contents = resource_contents(value, uri, mime_type)
         except InvalidResult as error:

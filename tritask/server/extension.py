@@ -17,6 +17,7 @@ from tritask.jsonrpc import InvalidParams, JSONValue
 if TYPE_CHECKING:
     from tritask.server.app import App, ToolDef
     from tritask.server.context import Context
+    from tritask.server.session import Session
 
 MethodHandler = Callable[[dict[str, JSONValue], "Context"], Awaitable[dict[str, JSONValue]]]
 
@@ -85,6 +86,20 @@ class Extension:
     ) -> list[tuple[str, dict[str, JSONValue]]]:
         """Notifications sent right after the acknowledgement (current state, so no gap)."""
         return []
+
+    # -- the initialize era (2025-06-18, 2025-11-25) ----------------------------------------
+
+    def legacy_capabilities(self, protocol_version: str) -> dict[str, JSONValue]:
+        """Server capabilities this extension adds to a legacy ``InitializeResult``."""
+        return {}
+
+    def legacy_methods(self, session: Session) -> Mapping[str, MethodHandler]:
+        """Methods served to a legacy session (its own era's shapes; default: none)."""
+        return {}
+
+    def legacy_tool_fields(self, tool: ToolDef, session: Session) -> dict[str, JSONValue]:
+        """Fields merged into ``tool``'s legacy ``tools/list`` entry for ``session``."""
+        return {}
 
     @asynccontextmanager
     async def lifespan(self, app: App, env: ServeEnvironment) -> AsyncIterator[None]:

@@ -65,9 +65,12 @@ from tritask.jsonrpc import (
     loads,
     message_from_value,
     notification_message,
+    result_message,
 )
+from tritask.protocol.legacy import INITIALIZE, PING, has_modern_envelope
 from tritask.protocol.versions import CANCELLED_NOTIFICATION
 from tritask.server.app import App
+from tritask.server.session import Session
 
 log = logging.getLogger("tritask.stdio")
 
@@ -92,6 +95,8 @@ class _InFlight:
     """One running request: its cancel scope, and whether the client cancelled it."""
 
     method: str
+    legacy: bool = False
+    """Served in the connection's initialize-era session rather than statelessly."""
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     cancelled: bool = False
 
@@ -129,8 +134,12 @@ class MessageConnection:
         self._inflight: dict[RequestId, _InFlight] = {}
         self._outbox, self._outbox_reader = trio.open_memory_channel[_Outgoing](0)
         self._requests: trio.Nursery | None = None
+        self._connection: trio.Nursery | None = None
         self._closing = False
         self._drained = trio.Event()
+        self.session: Session | None = None
+        """The connection's initialize-era session, once a legacy client sent ``initialize``."""
+        self._standalone = trio.CancelScope()
 
     @property
     def in_flight(self) -> int:
@@ -143,12 +152,16 @@ class MessageConnection:
         requests get ``grace_seconds`` to finish before they are cancelled.
         """
         async with trio.open_nursery() as connection:
+            self._connection = connection
             connection.start_soon(self._write_loop, connection.cancel_scope)
             async with trio.open_nursery() as requests:
                 self._requests = requests
                 await read(self)
                 await self._wind_down()
                 requests.cancel_scope.cancel()
+            self._standalone.cancel()
+            if self.session is not None:
+                self.session.close()
             self._outbox.close()
             connection.cancel_scope.deadline = min(
                 connection.cancel_scope.deadline, trio.current_time() + FLUSH_SECONDS
@@ -156,6 +169,7 @@ class MessageConnection:
 
     async def _wind_down(self) -> None:
         self._closing = True
+        self._standalone.cancel()
         for entry in self._inflight.values():
             if entry.method == LISTEN_METHOD:
                 entry.cancel()
@@ -192,7 +206,9 @@ class MessageConnection:
             and "method" not in value
             and ("result" in value or "error" in value)
         ):
-            log.debug("ignoring a response from the client (id %r)", value.get("id"))
+            # The answer to a request this server sent in the connection's legacy session.
+            if self.session is None or not self.session.resolve(value):
+                log.debug("ignoring a response from the client (id %r)", value.get("id"))
             return
         try:
             message = message_from_value(value)
@@ -200,17 +216,52 @@ class MessageConnection:
             await self.refuse(error, error.request_id)
             return
         if isinstance(message, Request):
-            await self._start(message)
+            legacy = not has_modern_envelope(message.params) and (
+                self.session is not None or message.method in (INITIALIZE, PING)
+            )
+            if legacy and self.session is None:
+                if message.method == INITIALIZE:
+                    await self._initialize(message)
+                else:  # a ping before initialize: allowed, and answered at once
+                    await self._outbox.send((None, result_message(message.id, {})))
+            else:
+                await self._start(message, legacy)
         elif message.method == CANCELLED_NOTIFICATION:
             request_id = (message.params or {}).get("requestId")
             entry = self._inflight.get(request_id) if _is_request_id(request_id) else None
             if entry is not None:
                 log.debug("client cancelled request %r", request_id)
+                if entry.legacy and self.session is not None:
+                    self.session.cancel_client_request(request_id)
                 entry.cancel()
+        elif self.session is not None and not has_modern_envelope(message.params):
+            self.app.legacy_dispatcher.handle_notification(message, self.session)
         else:
             log.debug("ignoring client notification %s", message.method)
 
-    async def _start(self, request: Request) -> None:
+    async def _initialize(self, request: Request) -> None:
+        """Open the connection's one legacy session (stdio and WebSocket need no session id)."""
+        legacy = self.app.legacy_dispatcher
+        try:
+            session, result = legacy.initialize(request.params, principal=self.principal)
+        except JsonRpcError as error:
+            await self.refuse(error, request.id)
+            return
+        self.session = session
+        assert self._connection is not None
+
+        async def notify(message: dict[str, JSONValue]) -> None:
+            await self._outbox.send((None, message))
+
+        async def standalone() -> None:
+            with self._standalone:
+                await legacy.run_standalone(session, notify)
+
+        if not self._closing:
+            self._connection.start_soon(standalone)
+        await self._outbox.send((None, result_message(request.id, result)))
+
+    async def _start(self, request: Request, legacy: bool = False) -> None:
         if request.id in self._inflight:
             await self.refuse(
                 InvalidRequest("Invalid request: this id is already in use by a running request"),
@@ -218,7 +269,7 @@ class MessageConnection:
             )
             return
         assert self._requests is not None
-        entry = _InFlight(request.method)
+        entry = _InFlight(request.method, legacy)
         self._inflight[request.id] = entry
         self._requests.start_soon(self._serve, request, entry)
 
@@ -231,13 +282,18 @@ class MessageConnection:
             response: dict[str, JSONValue] | None = None
             with entry.scope:
                 try:
-                    response = await self.app.dispatcher.handle_request(
-                        request,
-                        principal=self.principal,
-                        transport=self.transport,
-                        emit=emit,
-                        cancel_scope=entry.scope,
-                    )
+                    if entry.legacy and self.session is not None:
+                        response = await self.app.legacy_dispatcher.handle_request(
+                            request, self.session, transport=self.transport, emit=emit
+                        )
+                    else:
+                        response = await self.app.dispatcher.handle_request(
+                            request,
+                            principal=self.principal,
+                            transport=self.transport,
+                            emit=emit,
+                            cancel_scope=entry.scope,
+                        )
                 except Exception:
                     log.exception("request %r (%s) failed", request.id, request.method)
                     response = error_message(request.id, InternalError())
