@@ -1,4 +1,4 @@
-"""The initialize era (2025-06-18, 2025-11-25) over stdio: one implicit session per connection.
+"""The initialize era (2025-06-18, 2025-11-25) on stdio and WebSocket: a session per connection.
 
 Driven byte-exactly over memory streams, like ``test_stdio``: the lifecycle and version
 negotiation, legacy result shapes, ``logging/setLevel``, subscriptions with their updates on the
@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import trio
 from test_stdio import Peer, cancel, request, stdio_server
+from test_websocket import client, receive, ws_server
 
 from tritask.jsonrpc import dumps
 from tritask.server.app import App
@@ -337,3 +338,39 @@ async def test_subscribed_updates_and_list_changes_reach_the_connection() -> Non
         assert sorted(received, key=dumps) == sorted(expected, key=dumps)
         await peer.send(legacy(3, "resources/unsubscribe", uri="test://watched"))
         assert await peer.receive() == {"jsonrpc": "2.0", "id": 3, "result": {}}
+
+
+async def test_websocket_connections_each_have_their_own_legacy_session() -> None:
+    """The same engine frames WebSocket: each connection is one session, isolated."""
+    async with ws_server(build_app([])) as url, client(url) as first, client(url) as second:
+        await first.send_message(dumps(initialize("2025-06-18", elicitation={})))
+        assert (await receive(first))["result"]["protocolVersion"] == "2025-06-18"
+        await first.send_message(dumps(legacy(1, "logging/setLevel", level="error")))
+        assert await receive(first) == {"jsonrpc": "2.0", "id": 1, "result": {}}
+        # The second connection has no session: legacy requests there get no session state.
+        await second.send_message(dumps(legacy(1, "tools/call", name="steps")))
+        assert (await receive(second))["error"]["code"] == -32602
+        await second.send_message(dumps(initialize("2025-11-25")))
+        assert (await receive(second))["result"]["protocolVersion"] == "2025-11-25"
+        await second.send_message(dumps(legacy(2, "tools/call", name="steps")))
+        logs = [await receive(second) for _ in range(3)]
+        assert [message.get("params", {}).get("data") for message in logs[:2]] == [
+            "step one",
+            "step two",
+        ]
+        # The first session's level (error) hides both lines; only the result comes.
+        await first.send_message(dumps(legacy(2, "tools/call", name="steps")))
+        assert (await receive(first))["id"] == 2
+        # A server request of one session cannot be answered from the other.
+        await first.send_message(dumps(legacy(3, "tools/call", name="ask_name", arguments={})))
+        asked = await receive(first)
+        assert asked["method"] == "elicitation/create"
+        await second.send_message(
+            dumps({"jsonrpc": "2.0", "id": asked["id"], "result": {"action": "decline"}})
+        )
+        await second.send_message(dumps(legacy(4, "ping")))
+        assert await receive(second) == {"jsonrpc": "2.0", "id": 4, "result": {}}
+        await first.send_message(
+            dumps({"jsonrpc": "2.0", "id": asked["id"], "result": {"action": "cancel"}})
+        )
+        assert (await receive(first))["result"]["content"][0]["text"] == "cancel: None"
