@@ -11,6 +11,7 @@ which drives the MRTR rounds by itself.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -49,6 +50,9 @@ async def connect(transport: str, tmp_path: Path, **options: Any) -> AsyncIterat
                 command=sys.executable,
                 args=["-m", "tritask", "serve", f"{APP_PATH}:app", "--stdio", "--store", "memory:"],
                 cwd=tmp_path,
+                # The SDK's default environment drops PYTHONPATH: the server would import
+                # whichever tritask is installed, not the one under test.
+                env=dict(os.environ),
             )
         options.setdefault("mode", "2026-07-28")
         async with Client(server, **options) as client:
@@ -74,6 +78,7 @@ async def test_lists_and_calls_tools(transport: str, tmp_path: Path) -> None:
                 "type": "object",
                 "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
                 "required": ["a", "b"],
+                "additionalProperties": False,
             }
             result = await client.call_tool("add", {"a": 2, "b": 40})
             assert result.is_error is False

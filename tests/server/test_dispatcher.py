@@ -705,6 +705,7 @@ async def test_tools_list_shape(app: App) -> None:
             "type": "object",
             "properties": {"text": {"type": "string"}},
             "required": ["text"],
+            "additionalProperties": False,
         },
     }
 

@@ -116,6 +116,7 @@ def test_signature_schema(make_app: Callable[..., App]) -> None:
             "note": {"type": ["string", "null"], "default": None},
         },
         "required": ["query"],
+        "additionalProperties": False,
     }
 
 
@@ -130,8 +131,13 @@ def test_context_detection_and_no_arguments(make_app: Callable[..., App]) -> Non
         """Context by annotation; var-args are not arguments."""
         return ""
 
-    assert app.add_tool(untyped_ctx).input_schema == {"type": "object", "properties": {}}
+    assert app.add_tool(untyped_ctx).input_schema == {
+        "type": "object",
+        "properties": {},
+        "additionalProperties": False,
+    }
     assert app.add_tool(untyped_ctx).context_param == "ctx"
+    # **kwargs takes any name: no additionalProperties: false.
     assert app.add_tool(renamed).input_schema == {"type": "object", "properties": {}}
     assert app.tools["renamed"].context_param == "context"
 

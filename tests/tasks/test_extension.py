@@ -226,6 +226,35 @@ async def test_required_tool_without_declaration_is_refused_and_nothing_is_store
     assert env.runner.statistics().started == 0
 
 
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"seconds": 0, "secs": 1}, "unknown argument 'secs' for tool 'slow'"),
+        ({"label": "x", "ctx": None}, "unknown argument 'ctx' for tool 'slow'"),
+    ],
+)
+async def test_arguments_the_tool_cannot_take_never_create_a_task(
+    nursery: trio.Nursery,
+    autojump_clock: trio.testing.MockClock,
+    arguments: dict[str, Any],
+    message: str,
+) -> None:
+    ids = CountingIds()
+    env = await basic_env(nursery, tasks_options={"id_generator": ids})
+    error = await env.error("tools/call", {"name": "slow", "arguments": arguments})
+    assert error == {
+        "code": -32602,
+        "message": message,
+        "data": {"tool": "slow", "unknown": [message.split("'")[1]]},
+    }
+    assert ids.issued == []
+    assert env.runner.statistics().started == 0
+    # A schema error is an isError result, decided before the task too.
+    result = await env.result("tools/call", {"name": "slow", "arguments": {"seconds": "1"}})
+    assert result["resultType"] == "complete" and result["isError"] is True
+    assert ids.issued == []
+
+
 # -- outcomes -----------------------------------------------------------------------------------
 
 

@@ -529,3 +529,49 @@ async def test_recovered_work_of_a_tool_that_is_not_restartable_fails_clearly(
     starts = [md["source"] for _, md in env.named(ins.JOB_START)]
     assert starts == ["request", "recovery"]
     runner_b.stop()
+
+
+@pytest.mark.parametrize(
+    ("new_version", "message"),
+    [
+        ("renamed", "unknown argument 'width' for tool 'resize'"),
+        ("explicit", "missing argument 'size' for tool 'resize'"),
+    ],
+)
+async def test_recovered_work_that_no_longer_fits_its_tool_fails_naming_the_argument(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock, new_version: str, message: str
+) -> None:
+    env, kill = await _killable_env(nursery, task_support={"resize": "required"})
+    runs: list[str] = []
+
+    async def resize_v1(width: int) -> str:
+        """Version 1 takes a width."""
+        runs.append(f"v1:{width}")
+        await trio.sleep(3_600)  # interrupted long before
+        return "resized"
+
+    async def resize_v2(size: int) -> str:
+        """Version 2 renamed it: stored v1 work cannot be called."""
+        runs.append(f"v2:{size}")
+        return "resized"
+
+    env.app.add_tool(resize_v1, name="resize")
+    task_id = await env.create("resize", {"width": 3})
+    await trio.sleep_until(0.5)
+    kill()
+    await env.runner.wait_stopped()
+
+    env.app.remove_tool("resize")
+    if new_version == "renamed":
+        env.app.add_tool(resize_v2, name="resize")
+    else:  # an explicit schema that allows the old name but does not require the new one
+        schema: dict[str, Any] = {"type": "object", "properties": {"size": {"type": "integer"}}}
+        env.app.add_tool(resize_v2, name="resize", input_schema=schema)
+    runner_b = await _recover(env, nursery)
+    detail = await env.wait_status(task_id, "failed")
+    expected = f"Task work does not fit tool resize: {message}"
+    assert detail["error"]["code"] == -32602
+    assert detail["error"]["message"] == expected
+    assert detail["statusMessage"] == expected
+    assert runs == ["v1:3"]  # version 2 never ran
+    runner_b.stop()

@@ -201,6 +201,7 @@ async def test_tools_list_is_legacy_shaped() -> None:
                 "type": "object",
                 "properties": {"text": {"type": "string"}},
                 "required": ["text"],
+                "additionalProperties": False,
             },
         }
 

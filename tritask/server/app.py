@@ -18,6 +18,7 @@ import trio
 from jsonschema.validators import Draft202012Validator
 
 from tritask.jsonrpc import InvalidParams, JSONValue
+from tritask.server.arguments import ArgumentContract
 from tritask.server.context import Context
 from tritask.server.extension import Extension, ServeEnvironment
 from tritask.server.hub import Hub
@@ -78,6 +79,8 @@ class ToolDef:
     context_param: str | None = None
     restartable: bool = True
     validator: Draft202012Validator = attrs.field(eq=False, repr=False)
+    contract: ArgumentContract = attrs.field(eq=False, repr=False)
+    """Which arguments ``fn`` can take (``tritask.server.arguments``)."""
 
     def to_wire(self) -> dict[str, JSONValue]:
         tool: dict[str, JSONValue] = {
@@ -372,6 +375,16 @@ class App:
         meta: dict[str, JSONValue] | None = None,
         restartable: bool = True,
     ) -> ToolDef:
+        """Register ``fn`` as a tool; the schema it advertises and the arguments it takes agree.
+
+        Without ``input_schema`` the schema is derived from the signature, with
+        ``additionalProperties: false`` unless ``fn`` takes ``**kwargs``, and a call naming an
+        argument ``fn`` cannot take is refused with ``-32602`` before anything runs. With an
+        explicit ``input_schema`` that schema decides (its errors are ``isError`` results);
+        extras it allows are passed to a ``**kwargs`` function and dropped for any other, and
+        it may not declare a property ``fn`` cannot take (``ValueError``). Details:
+        ``tritask.server.arguments``.
+        """
         _require_async(fn, "tool")
         tool_name = name or fn.__name__
         if not _TOOL_NAME.match(tool_name):
@@ -380,8 +393,13 @@ class App:
         if not text:
             raise ValueError(f"tool {tool_name!r} needs a description (argument or docstring)")
         context_param = _context_param(fn)
+        explicit = input_schema
         if input_schema is None:
             input_schema, _ = signature_schema(fn, _is_context)
+        validator = compile_validator(input_schema)
+        contract = ArgumentContract.of(
+            tool_name, fn, context_param=context_param, input_schema=explicit
+        )
         tool = ToolDef(
             name=tool_name,
             fn=fn,
@@ -393,7 +411,8 @@ class App:
             meta=meta,
             context_param=context_param,
             restartable=restartable,
-            validator=compile_validator(input_schema),
+            validator=validator,
+            contract=contract,
         )
         self.tools[tool_name] = tool
         self.notify_tools_changed()

@@ -303,18 +303,27 @@ class Dispatcher:
     def prepare_tool_call(
         self, name: JSONValue, arguments: JSONValue, params: Mapping[str, JSONValue]
     ) -> ToolCall | dict[str, JSONValue]:
-        """Look up and validate: a ``ToolCall``, or the ``isError`` result for bad arguments."""
+        """Look up and validate: a ``ToolCall``, or the ``isError`` result for bad arguments.
+
+        The tool-argument contract (``tritask.server.arguments``) in order: names the function
+        cannot take are ``-32602`` (generated schemas), then schema errors are an ``isError``
+        result, then a missing parameter is ``-32602`` and extras an explicit schema allows are
+        dropped. It runs before the extensions' ``around_tool_call``, so no task is created
+        from arguments its tool cannot take, and again when task work is executed.
+        """
         tool = self.app.tool_or_error(name)
         if arguments is None:
             arguments = {}
         if not isinstance(arguments, dict):
             raise InvalidParams("tools/call params.arguments must be an object")
+        tool.contract.refuse_unknown(arguments)
         errors = validation_errors(tool.validator, arguments)
         if errors:
             return tool_error_result(
                 f"Invalid arguments for tool {tool.name}: " + "; ".join(errors)
             )
-        return ToolCall(tool=tool, arguments=arguments, params=params)
+        admitted = tool.contract.admit(arguments)
+        return ToolCall(tool=tool, arguments=admitted, params=params)
 
     # -- core methods --------------------------------------------------------------------
 

@@ -73,16 +73,24 @@ def type_schema(annotation: Any) -> dict[str, JSONValue]:
 def signature_schema(
     fn: Callable[..., Any], skip: Callable[[inspect.Parameter, Any], bool]
 ) -> tuple[dict[str, JSONValue], list[str]]:
-    """An object schema for ``fn``'s parameters, and the names of those it accepts."""
+    """An object schema for ``fn``'s parameters, and the names of those it accepts.
+
+    The schema says ``additionalProperties: false`` unless ``fn`` takes ``**kwargs``: it is
+    what the function can be called with, so a client reading it knows extras are refused.
+    """
     hints = typing.get_type_hints(fn, include_extras=True)
     properties: dict[str, JSONValue] = {}
     required: list[str] = []
     names: list[str] = []
+    var_keyword = False
     for parameter in inspect.signature(fn).parameters.values():
         annotation = hints.get(parameter.name, parameter.annotation)
+        if parameter.kind is parameter.VAR_KEYWORD:
+            var_keyword = True
+            continue
         if skip(parameter, annotation):
             continue
-        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+        if parameter.kind is parameter.VAR_POSITIONAL:
             continue
         schema = type_schema(annotation)
         if parameter.default is not inspect.Parameter.empty:
@@ -95,6 +103,8 @@ def signature_schema(
     result: dict[str, JSONValue] = {"type": "object", "properties": properties}
     if required:
         result["required"] = required
+    if not var_keyword:
+        result["additionalProperties"] = False
     return result, names
 
 

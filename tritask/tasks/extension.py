@@ -138,7 +138,13 @@ class ToolCallExecutor:
             return Failed(internal_error(message), message)
         ctx = token.context or self._recovered_context(work, token)
         dispatcher = self.app.dispatcher
-        prepared = dispatcher.prepare_tool_call(tool.name, arguments, work.input)
+        try:
+            prepared = dispatcher.prepare_tool_call(tool.name, arguments, work.input)
+        except JsonRpcError as error:
+            # Work stored for an older version of the tool (or built by a work builder) that
+            # its function cannot take: say which argument, never a TypeError from the call.
+            message = f"Task work does not fit tool {tool.name}: {error.message}"
+            return Failed({**error.to_error(), "message": message}, message)
         if not isinstance(prepared, ToolCall):
             return Completed(dispatcher.shape(prepared))
         try:
