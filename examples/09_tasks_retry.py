@@ -14,7 +14,7 @@ import trio
 import trio.testing
 
 from tritask import App, Completed, ExecutionToken, MemoryStore, Retry, RetryPolicy, Runner, Tasks
-from tritask.tasks._time import TrioClock, format_instant, parse_instant
+from tritask.tasks import TrioClock, format_instant, parse_instant
 from tritask.tasks.model import Snapshot
 from tritask.tasks.store import Action, Deferred
 from tritask.tasks.work import Work

@@ -1,4 +1,4 @@
-"""Command line: ``python -m stress {cas,runner,all,bench ...}`` and ``tritask stress ...``.
+"""Command line: ``python -m stress {cas,runner,all,bench ...}`` (from a checkout).
 
 With ``--json`` stdout carries exactly one JSON object and nothing else (logs go to stderr).
 Exit status 0 only when every invariant held (benchmarks: when the run itself succeeded).

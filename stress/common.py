@@ -25,7 +25,7 @@ from typing import Any, Final, TextIO
 
 import trio
 
-from tritask.tasks._time import TrioClock
+from tritask.tasks import TrioClock
 from tritask.tasks.store import Store
 from tritask.tasks.stores import open_store, store_scheme
 

@@ -1,5 +1,7 @@
 """tritask: a trio-native MCP 2026-07-28 server runtime with durable Tasks (SEP-2663)."""
 
+from importlib import metadata as _metadata
+
 from tritask.jsonrpc import InternalError as InternalError
 from tritask.jsonrpc import InvalidParams as InvalidParams
 from tritask.jsonrpc import JsonRpcError as JsonRpcError
@@ -35,9 +37,13 @@ from tritask.tasks import RetryPolicy as RetryPolicy
 from tritask.tasks import Runner as Runner
 from tritask.tasks import TaskOptions as TaskOptions
 from tritask.tasks import Tasks as Tasks
+from tritask.tasks import TrioClock as TrioClock
 from tritask.tasks import Work as Work
 from tritask.tasks import WorkExecutor as WorkExecutor
 from tritask.tasks import await_input as await_input
 from tritask.tasks import open_store as open_store
 
-__version__ = "0.1.0"
+try:  # the version is written once, in pyproject.toml
+    __version__ = _metadata.version("tritask")
+except _metadata.PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"

@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
 
 import trio
@@ -20,6 +21,8 @@ from tritask.server.extension import ServeEnvironment
 log = logging.getLogger("tritask.cli")
 
 DEFAULT_STORE = "sqlite:tritask.db"
+COMMANDS_GROUP = "tritask.commands"
+"""Entry-point group through which other distributions add ``tritask`` subcommands."""
 
 
 def load_app(spec: str) -> App:
@@ -91,12 +94,16 @@ def build_parser() -> argparse.ArgumentParser:
     from tritask.migrate import add_migrate_command
 
     add_migrate_command(commands)
-    try:  # the stress harness ships beside tritask in a source checkout, not in every install
-        from stress.cli import add_stress_command
-    except ImportError:
-        pass
-    else:
-        add_stress_command(commands)
+    for entry_point in metadata.entry_points(group=COMMANDS_GROUP):
+        # Subcommands of other distributions (e.g. a stress harness): each entry point is a
+        # callable that adds its parser to ``commands``. A broken one is named, not hidden.
+        try:
+            add_command = entry_point.load()
+        except Exception as error:
+            raise SystemExit(
+                f"tritask: the command plugin {entry_point.name!r} failed to load: {error}"
+            ) from error
+        add_command(commands)
     return parser
 
 

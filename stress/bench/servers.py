@@ -301,7 +301,7 @@ async def soak(args: argparse.Namespace) -> None:
     import json
 
     from stress.common import START_US
-    from tritask.tasks._time import TrioClock
+    from tritask.tasks import TrioClock
     from tritask.tasks.memory import MemoryStore
     from tritask.tasks.model import new_task
     from tritask.tasks.runner import Runner

@@ -21,7 +21,7 @@ from tritask.jsonrpc import JSONValue, Request
 from tritask.protocol.meta import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY
 from tritask.server.app import App
 from tritask.server.context import Emit
-from tritask.tasks._time import TrioClock, format_instant, parse_instant
+from tritask.tasks import TrioClock, format_instant, parse_instant
 from tritask.tasks.events import Event
 from tritask.tasks.executor import ExecutionToken, Outcome
 from tritask.tasks.extension import EXTENSION_ID, Tasks

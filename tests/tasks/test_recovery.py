@@ -31,8 +31,8 @@ from helpers import (
 
 from tritask.server.context import Context
 from tritask.server.mrtr import elicitation
+from tritask.tasks import TrioClock
 from tritask.tasks import instrumentation as ins
-from tritask.tasks._time import TrioClock
 from tritask.tasks.events import Event
 from tritask.tasks.executor import Completed, ExecutionToken, Outcome, StaleAttempt
 from tritask.tasks.instrumentation import RecordingInstrumentation

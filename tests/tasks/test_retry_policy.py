@@ -28,8 +28,8 @@ from helpers import (
 
 from tritask.jsonrpc import InvalidParams
 from tritask.server.results import ToolError
+from tritask.tasks import TrioClock
 from tritask.tasks import instrumentation as ins
-from tritask.tasks._time import TrioClock
 from tritask.tasks.events import Event, EventKind, RetryEffect
 from tritask.tasks.executor import Completed, ExecutionToken, Failed, Outcome, Retry
 from tritask.tasks.extension import TaskOptions

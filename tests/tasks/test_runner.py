@@ -30,8 +30,8 @@ from tritask.server.app import App
 from tritask.server.context import Context
 from tritask.server.extension import ServeEnvironment
 from tritask.server.mrtr import elicitation
+from tritask.tasks import TrioClock, format_instant
 from tritask.tasks import instrumentation as ins
-from tritask.tasks._time import TrioClock, format_instant
 from tritask.tasks.events import Event, EventKind
 from tritask.tasks.executor import Completed, ExecutionToken, Retry, StaleAttempt
 from tritask.tasks.extension import Tasks, ToolCallExecutor

@@ -1,5 +1,8 @@
 """The Tasks extension (SEP-2663): model, reducer, store contract, runner and extension."""
 
+from tritask.tasks._time import TrioClock as TrioClock
+from tritask.tasks._time import format_instant as format_instant
+from tritask.tasks._time import parse_instant as parse_instant
 from tritask.tasks.events import Effects as Effects
 from tritask.tasks.events import Event as Event
 from tritask.tasks.events import EventKind as EventKind

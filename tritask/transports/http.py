@@ -464,8 +464,13 @@ async def serve_http(
         raise ValueError(f"unknown HTTP server {server!r}: 'tritask' or 'hypercorn'")
     if server_config is not None:
         raise ValueError("server_config applies to the tritask server only")
-    from hypercorn.config import Config
-    from hypercorn.trio import serve
+    try:
+        from hypercorn.config import Config
+        from hypercorn.trio import serve
+    except ImportError as error:
+        raise RuntimeError(
+            "serve_http(server='hypercorn') needs hypercorn: pip install 'tritask[hypercorn]'"
+        ) from error
 
     config = Config()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
