@@ -26,7 +26,21 @@ COMMANDS_GROUP = "tritask.commands"
 
 
 def load_app(spec: str) -> App:
-    """Load ``module:attribute`` or ``path/to/file.py:attribute`` (attribute defaults to app)."""
+    """Load ``module:attribute`` or ``path/to/file.py:attribute`` (attribute defaults to app).
+
+    Any error while loading (a missing file, an import error, a tool registered without a
+    description) stops the command with one line naming the app and the cause: the operator
+    needs the reason, not a traceback through the loader.
+    """
+    try:
+        return _load_app(spec)
+    except SystemExit:
+        raise
+    except Exception as error:
+        raise SystemExit(f"tritask: cannot load {spec}: {type(error).__name__}: {error}") from error
+
+
+def _load_app(spec: str) -> App:
     target, _, attribute = spec.partition(":")
     attribute = attribute or "app"
     if target.endswith(".py") or os.sep in target:

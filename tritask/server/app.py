@@ -11,7 +11,7 @@ import inspect
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import attrs
 import trio
@@ -332,6 +332,10 @@ class App:
 
     # -- tools ---------------------------------------------------------------------------
 
+    @overload
+    def tool(self, name: F, /) -> F: ...
+
+    @overload
     def tool(
         self,
         name: str | None = None,
@@ -343,13 +347,30 @@ class App:
         annotations: dict[str, JSONValue] | None = None,
         meta: dict[str, JSONValue] | None = None,
         restartable: bool = True,
-    ) -> Callable[[F], F]:
-        """Register an async function as a tool; its schema is derived unless given."""
+    ) -> Callable[[F], F]: ...
+
+    def tool(
+        self,
+        name: str | F | None = None,
+        *,
+        description: str | None = None,
+        title: str | None = None,
+        input_schema: dict[str, JSONValue] | None = None,
+        output_schema: dict[str, JSONValue] | None = None,
+        annotations: dict[str, JSONValue] | None = None,
+        meta: dict[str, JSONValue] | None = None,
+        restartable: bool = True,
+    ) -> F | Callable[[F], F]:
+        """Register an async function as a tool; its schema is derived unless given.
+
+        Works bare (``@app.tool``) and called (``@app.tool()``, ``@app.tool("name", ...)``):
+        a bare decorator that silently registered nothing would be a trap.
+        """
 
         def register(fn: F) -> F:
             self.add_tool(
                 fn,
-                name=name,
+                name=None if callable(name) else name,
                 description=description,
                 title=title,
                 input_schema=input_schema,
@@ -360,6 +381,8 @@ class App:
             )
             return fn
 
+        if callable(name):
+            return register(name)
         return register
 
     def add_tool(
@@ -424,17 +447,35 @@ class App:
 
     # -- prompts -------------------------------------------------------------------------
 
+    @overload
+    def prompt(self, name: F, /) -> F: ...
+
+    @overload
     def prompt(
         self,
         name: str | None = None,
         *,
         description: str | None = None,
         title: str | None = None,
-    ) -> Callable[[F], F]:
+    ) -> Callable[[F], F]: ...
+
+    def prompt(
+        self,
+        name: str | F | None = None,
+        *,
+        description: str | None = None,
+        title: str | None = None,
+    ) -> F | Callable[[F], F]:
+        """Register an async function as a prompt; bare (``@app.prompt``) or called."""
+
         def register(fn: F) -> F:
-            self.add_prompt(fn, name=name, description=description, title=title)
+            self.add_prompt(
+                fn, name=None if callable(name) else name, description=description, title=title
+            )
             return fn
 
+        if callable(name):
+            return register(name)
         return register
 
     def add_prompt(
