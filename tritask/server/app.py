@@ -17,6 +17,7 @@ import attrs
 import trio
 from jsonschema.validators import Draft202012Validator
 
+from tritask._groups import is_lone
 from tritask.jsonrpc import InvalidParams, JSONValue
 from tritask.server.arguments import ArgumentContract
 from tritask.server.context import Context
@@ -320,15 +321,28 @@ class App:
     async def running(self, env: ServeEnvironment | None = None) -> AsyncIterator[App]:
         """Open every extension's resources for as long as the app is served."""
         env = env or ServeEnvironment()
-        async with AsyncExitStack() as stack:
-            for extension in self.extensions.values():
-                await stack.enter_async_context(extension.lifespan(self, env))
-            try:
-                yield self
-            finally:
-                self.hub.close()
-                with trio.CancelScope(shield=True):
-                    await trio.lowlevel.checkpoint()
+        raised: BaseException | None = None
+        unwrapped: BaseException | None = None
+        try:
+            async with AsyncExitStack() as stack:
+                for extension in self.extensions.values():
+                    await stack.enter_async_context(extension.lifespan(self, env))
+                try:
+                    yield self
+                except BaseException as error:
+                    raised = error
+                    raise
+                finally:
+                    self.hub.close()
+                    with trio.CancelScope(shield=True):
+                        await trio.lowlevel.checkpoint()
+        except BaseExceptionGroup as group:
+            # An extension's nursery wrapped the caller's own exception: hand it back alone.
+            if not is_lone(group, raised):
+                raise
+            unwrapped = raised
+        if unwrapped is not None:
+            raise unwrapped
 
     # -- tools ---------------------------------------------------------------------------
 

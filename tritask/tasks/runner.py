@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import attrs
 import trio
 
+from tritask._groups import is_lone
 from tritask.protocol.capabilities import require_input_request
 from tritask.tasks import instrumentation as ins
 from tritask.tasks.events import Event, EventKind
@@ -275,7 +276,12 @@ class Runner:
         tb: TracebackType | None,
     ) -> bool | None:
         self.stop()
-        result: bool | None = await self._cm_nursery.__aexit__(exc_type, exc, tb)
+        try:
+            result: bool | None = await self._cm_nursery.__aexit__(exc_type, exc, tb)
+        except BaseExceptionGroup as group:
+            if is_lone(group, exc):
+                return False  # the caller's own exception propagates as it was raised
+            raise
         return result
 
     async def _drain(self) -> None:
