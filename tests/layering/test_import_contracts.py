@@ -1,0 +1,56 @@
+"""The dependency direction of docs/architecture.md, enforced by import-linter.
+
+The contracts live in pyproject.toml (``[tool.importlinter]``). One test checks the real tree;
+the other proves the check can fail: a copy of the tree with one forbidden import added must be
+reported broken.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def lint_imports(tree: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{tree / 'stores'}"}
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from importlinter.cli import lint_imports;"
+            " sys.exit(lint_imports(no_cache=True, no_logo=True))",
+        ],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_tree_keeps_every_contract() -> None:
+    completed = lint_imports(ROOT)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert "Contracts: 6 kept, 0 broken." in completed.stdout
+
+
+def test_a_forbidden_import_breaks_a_contract(tmp_path: Path) -> None:
+    shutil.copytree(
+        ROOT / "tritask", tmp_path / "tritask", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    shutil.copytree(
+        ROOT / "stores", tmp_path / "stores", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    hub = tmp_path / "tritask" / "server" / "hub.py"
+    hub.write_text(hub.read_text("utf-8") + "\nimport tritask.tasks.model  # noqa\n", "utf-8")
+    completed = lint_imports(tmp_path)
+    assert completed.returncode == 1, completed.stdout
+    assert "Contracts: 4 kept, 2 broken." in completed.stdout
+    assert "tritask.server.hub -> tritask.tasks.model" in completed.stdout
