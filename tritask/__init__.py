@@ -22,6 +22,7 @@ from tritask.server import App as App
 from tritask.server import Context as Context
 from tritask.server import Extension as Extension
 from tritask.server import InputRequired as InputRequired
+from tritask.server import RetryLater as RetryLater
 from tritask.server import ServeEnvironment as ServeEnvironment
 from tritask.server import ToolError as ToolError
 from tritask.server import elicitation as elicitation

@@ -16,4 +16,5 @@ from tritask.server.mrtr import RequestStateSealer as RequestStateSealer
 from tritask.server.mrtr import elicitation as elicitation
 from tritask.server.mrtr import list_roots as list_roots
 from tritask.server.mrtr import sampling as sampling
+from tritask.server.results import RetryLater as RetryLater
 from tritask.server.results import ToolError as ToolError

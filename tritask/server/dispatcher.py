@@ -43,6 +43,7 @@ from tritask.server.extension import CallNext, ToolCall
 from tritask.server.mrtr import InputRequired
 from tritask.server.results import (
     InvalidResult,
+    RetryLater,
     ToolError,
     prompt_result,
     resource_contents,
@@ -281,6 +282,8 @@ class Dispatcher:
                 call.tool.fn, call.tool.context_param, ctx, call.arguments
             )
         except ToolError as error:
+            if isinstance(error, RetryLater) and ctx.detached:
+                raise  # inside a task the runtime decides about retries (ToolCallExecutor)
             return self.shape(tool_error_result(str(error)))
         except ExceptionGroup as group:
             # A ToolError raised inside a tool's own nursery arrives wrapped (strict groups);
@@ -291,6 +294,8 @@ class Dispatcher:
             first = tool_errors.exceptions[0]
             while isinstance(first, ExceptionGroup):
                 first = first.exceptions[0]
+            if isinstance(first, RetryLater) and ctx.detached:
+                raise first from None
             return self.shape(tool_error_result(str(first)))
         if isinstance(value, InputRequired):
             return self.shape(self.input_required_result(value, ctx))

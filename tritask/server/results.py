@@ -19,6 +19,15 @@ class ToolError(Exception):
     """
 
 
+class RetryLater(ToolError):
+    """Raise from a tool for a transient failure ("the export service is down, try again").
+
+    Inside a task it asks the runtime for the next delay of the tool's retry policy (the task
+    fails when the policy is exhausted, or has none); outside a task there is nobody to retry,
+    so the call completes like any ``ToolError``, with ``isError: true`` and this message.
+    """
+
+
 class InvalidResult(TypeError):
     """A handler returned something that cannot go on the wire."""
 

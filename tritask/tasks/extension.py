@@ -25,7 +25,15 @@ from tritask.protocol.versions import LATEST_VERSION
 from tritask.server.app import App
 from tritask.server.context import Context
 from tritask.server.extension import CallNext, Extension, MethodHandler, ServeEnvironment, ToolCall
-from tritask.tasks.executor import Completed, ExecutionToken, Failed, Outcome, internal_error
+from tritask.server.results import RetryLater
+from tritask.tasks.executor import (
+    Completed,
+    ExecutionToken,
+    Failed,
+    Outcome,
+    Retry,
+    internal_error,
+)
 from tritask.tasks.model import Snapshot, create_task_result, detailed_task, new_task
 from tritask.tasks.reducer import DuplicateInputKey
 from tritask.tasks.runner import Runner, RunnerNotRunning
@@ -154,6 +162,8 @@ class ToolCallExecutor:
             return Failed(internal_error(message), message)
         except JsonRpcError as error:
             return Failed(error.to_error(), error.message)
+        except RetryLater as error:
+            return Retry(internal_error(str(error)), str(error))
         except Exception:
             log.exception("task tool %s raised (task %s)", tool.name, token.task_id)
             return Failed(internal_error("Task tool failed"), "Task tool failed")
