@@ -12,6 +12,11 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 CASES = {
+    "01_first_server.py": ["add(2, 40) = 42"],
+    "02_runner_without_mcp.py": [
+        "2. the first runner stopped; the task waits in jobs.db",
+        "4. same idempotency key, generation 1 then 2",
+    ],
     "07_tasks_memory.py": ["1. without the declaration: -32021", "5. cancelled: cancelled"],
     "08_tasks_durable.py": [
         "3. the request's credential is in none of the store's files",
@@ -31,8 +36,10 @@ CASES = {
 @pytest.mark.parametrize(
     "name",
     [
-        pytest.param(name, marks=pytest.mark.contract(group))
+        pytest.param(name, marks=() if group is None else pytest.mark.contract(group))
         for name, group in [
+            ("01_first_server.py", None),
+            ("02_runner_without_mcp.py", "tasks-recovery-claims"),
             ("07_tasks_memory.py", "tasks-extension-lifecycle"),
             ("08_tasks_durable.py", "tasks-work-descriptor"),
             ("09_tasks_retry.py", "tasks-retry-policy"),
