@@ -81,6 +81,26 @@ def _host_port(value: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", number
 
 
+def _positive_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError("must be a number of seconds") from error
+    if not number > 0 or number == float("inf"):
+        raise argparse.ArgumentTypeError("must be a positive, finite number of seconds")
+    return number
+
+
+def _connection_limit(value: str) -> int | None:
+    try:
+        number = int(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError("must be an integer") from error
+    if number < 0:
+        raise argparse.ArgumentTypeError("must be >= 0 (0: no limit)")
+    return number or None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tritask", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -104,6 +124,21 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--allow-origin", action="append", default=[], metavar="ORIGIN", help="accept this Origin"
     )
+    serve.add_argument(
+        "--header-timeout",
+        type=_positive_float,
+        default=5.0,
+        metavar="SECONDS",
+        help="HTTP: close a connection whose request head is not complete in time (default 5)",
+    )
+    serve.add_argument(
+        "--max-connections",
+        type=_connection_limit,
+        default=1000,
+        metavar="N",
+        help="HTTP: open connections at most; at the cap new ones wait in the listen backlog "
+        "(default 1000; 0 for no limit)",
+    )
     serve.add_argument("--log-level", default=os.environ.get("TRITASK_LOG_LEVEL", "INFO"))
     from tritask.migrate import add_migrate_command
 
@@ -122,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def serve(args: argparse.Namespace) -> None:
+    from tritask.transports._h11server import ServerConfig
     from tritask.transports.http import LOOPBACK_HOSTS, HttpOptions, serve_http
 
     if args.app:
@@ -158,6 +194,9 @@ async def serve(args: argparse.Namespace) -> None:
                     port,
                     options=options,
                     shutdown_trigger=shutdown_trigger,
+                    server_config=ServerConfig(
+                        header_timeout=args.header_timeout, max_connections=args.max_connections
+                    ),
                     task_status=task_status,
                 )
             )

@@ -8,7 +8,14 @@ that
 * pipelined requests are buffered in h11 and answered strictly in order;
 * EOF or a reset while a request is in flight becomes ``http.disconnect`` at once (and cancels
   the cancel scope registered through the ``tritask.request_watch`` extension, see below);
-* idle keep-alive connections are closed after ``keep_alive_timeout``.
+* idle keep-alive connections are closed after ``keep_alive_timeout``;
+* a request head must be complete within ``header_timeout`` (from the accept on a new
+  connection, from its first byte on a kept-alive one), or the connection is closed (with 408
+  when part of a head arrived), so a client that trickles or never finishes a head holds its
+  slot for seconds, not for the keep-alive timeout;
+* at most ``max_connections`` connections are open at once: at the cap the server stops
+  accepting until one closes (see ``ServerConfig.max_connections`` for why it does not answer
+  503).
 
 ASGI subset: ``http`` scopes (``http.request`` with ``more_body``, ``http.disconnect`` when the
 peer goes away or once the response is complete, ``http.response.start`` and
@@ -91,6 +98,23 @@ class ServerConfig:
     """Largest request head (request line and headers) accepted; beyond it the answer is 431."""
     keep_alive_timeout: float = 75.0
     """An idle keep-alive connection (no request in flight) is closed after this many seconds."""
+    header_timeout: float = 5.0
+    """A request head (request line and headers) must be complete within this many seconds:
+    from the accept on a new connection, from the head's first byte on a kept-alive one (until
+    then the keep-alive timeout applies). Past it the connection is closed, after a 408 when
+    part of a head arrived. Bodies are the application's to time (the request is running)."""
+    max_connections: int | None = 1000
+    """Open connections at most (``None``: no limit). At the cap the server stops accepting
+    until a connection closes; new clients wait in the listen backlog (``backlog``), first come
+    first served, and the kernel refuses connections past it.
+
+    Why not accept and answer 503: that spends an accept, a descriptor and a write on every
+    excess connection exactly when the server is saturated, and a 503 written before the
+    request is read is often lost to the reset the close causes. Pausing keeps descriptors and
+    memory bounded by the cap, never starves the connections already open, and with
+    ``header_timeout`` a stalled client gives its slot back within seconds. This is what nginx
+    (``worker_connections``) and HAProxy (``maxconn``) do. A warning is logged each time the cap
+    is reached."""
     graceful_timeout: float = 5.0
     """After a shutdown trigger, how long in-flight requests may take before they are cancelled."""
     receive_size: int = 64 * 1024
@@ -103,6 +127,14 @@ class ServerConfig:
     lifespan: bool = True
     """Run the ASGI lifespan protocol (an application that does not support it is tolerated)."""
     backlog: int | None = None
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("keep_alive_timeout", "header_timeout", "graceful_timeout"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ValueError(f"{name} must be > 0, not {value!r}")
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1 or None, not {self.max_connections}")
 
 
 _date_cache: list[Any] = [0, b""]
@@ -418,7 +450,12 @@ class _Connection:
         self.eof = False
         self.closing = False
         self._idle_expired = False
-        self._idle_since = trio.current_time()
+        self._idle_since = now = trio.current_time()
+        self._head_expired = False
+        self._head_started = False
+        """Bytes of the next request head have arrived (the keep-alive timer no longer applies)."""
+        self._head_deadline = now + config.header_timeout
+        """When the pending request head must be complete (``inf``: no head is pending)."""
         self._read_scope: trio.CancelScope | None = None
         self.cycle: _Cycle | None = None
         self._client = _address(stream.socket.getpeername())
@@ -430,10 +467,23 @@ class _Connection:
         now = trio.current_time()
         cycle = self.cycle
         timeout = self.config.keep_alive_timeout
-        deadline = self._idle_since + timeout if cycle is None else now + timeout
-        if cycle is not None and cycle.tick is not None:
+        if cycle is None:
+            deadline = self._head_deadline
+            if not self._head_started:
+                deadline = min(deadline, self._idle_since + timeout)
+            return deadline
+        deadline = now + timeout
+        if cycle.tick is not None:
             deadline = min(deadline, cycle.next_tick)
         return deadline
+
+    def _head_begins(self, scope: trio.CancelScope | None) -> None:
+        """The first bytes of a request head arrived between requests: its timer runs."""
+        self._head_started = True
+        if self._head_deadline == math.inf:
+            self._head_deadline = trio.current_time() + self.config.header_timeout
+        if scope is not None:
+            scope.deadline = min(scope.deadline, self._head_deadline)
 
     def wake_reader_by(self, deadline: float) -> None:
         scope = self._read_scope
@@ -464,6 +514,12 @@ class _Connection:
                         return
                     h.receive_data(data)
                     self._buffered += len(data)
+                    if (
+                        self.cycle is None
+                        and not self._head_started
+                        and h.their_state is not h11.SEND_BODY  # not a body left to discard
+                    ):
+                        self._head_begins(scope)
                     self.wakeup.unpark_all()
             self._read_scope = None
             if not await self._on_timer():
@@ -472,11 +528,16 @@ class _Connection:
     async def _on_timer(self) -> bool:
         """A timer fired: run a due tick; ``False`` once the idle timeout closed the line."""
         cycle = self.cycle
+        now = trio.current_time()
         if cycle is not None:
-            if cycle.tick is not None and trio.current_time() >= cycle.next_tick:
+            if cycle.tick is not None and now >= cycle.next_tick:
                 await cycle.run_tick()
             return True
-        if trio.current_time() >= self._idle_since + self.config.keep_alive_timeout:
+        if now >= self._head_deadline:
+            self._head_expired = True
+            self.wakeup.unpark_all()
+            return False
+        if not self._head_started and now >= self._idle_since + self.config.keep_alive_timeout:
             self._idle_expired = True
             self.wakeup.unpark_all()
             return False
@@ -533,6 +594,10 @@ class _Connection:
         while True:
             if self.closing or self._idle_expired:
                 return
+            if self._head_expired:
+                if self._head_started and not self.eof:
+                    await self._refuse(408)
+                return
             try:
                 event = h.next_event()
             except h11.RemoteProtocolError as error:
@@ -545,6 +610,8 @@ class _Connection:
                 await self.wakeup.park()
                 continue
             if type(event) is h11.Request:
+                self._head_deadline = math.inf
+                self._head_started = False
                 if not await self._cycle(event):
                     return
                 continue
@@ -584,6 +651,9 @@ class _Connection:
             cycle.finished = True
             self.cycle = None
             self._idle_since = trio.current_time()
+            if self.h11.trailing_data[0]:  # a pipelined head has begun: its timer starts now
+                self._head_begins(None)
+                self.wake_reader_by(self._head_deadline)
             self.wakeup.unpark_all()
         if not cycle.response_started and not self.eof:
             await cycle.send(
@@ -689,33 +759,64 @@ class _Server:
         self.app = app
         self.config = config
         self.connections: set[_Connection] = set()
+        limit = config.max_connections
+        # One pool of slots for every listener: the cap is per server, not per address.
+        self.slots = trio.Semaphore(limit) if limit is not None else None
+
+    async def _slot(self) -> None:
+        slots = self.slots
+        if slots is None:
+            return
+        try:
+            slots.acquire_nowait()
+        except trio.WouldBlock:
+            log.warning(
+                "%d connections open (max_connections): not accepting until one closes",
+                self.config.max_connections,
+            )
+            await slots.acquire()
 
     async def accept(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
         while True:
+            await self._slot()
             try:
-                stream = await listener.accept()
-            except OSError as error:
-                if error.errno not in _ACCEPT_CAPACITY_ERRNOS:
-                    raise
-                log.error("accept failed (%s); retrying in 100 ms", errno.errorcode[error.errno])
-                await trio.sleep(0.1)
-                continue
+                while True:
+                    try:
+                        stream = await listener.accept()
+                        break
+                    except OSError as error:
+                        if error.errno not in _ACCEPT_CAPACITY_ERRNOS:
+                            raise
+                        log.error(
+                            "accept failed (%s); retrying in 100 ms", errno.errorcode[error.errno]
+                        )
+                        await trio.sleep(0.1)
+            except BaseException:
+                self._release()
+                raise
             nursery.start_soon(self.connection, stream)
+
+    def _release(self) -> None:
+        if self.slots is not None:
+            self.slots.release()
 
     async def connection(self, stream: trio.SocketStream) -> None:
         try:
-            conn = _Connection(self, stream)
-        except OSError:  # the peer went away before we looked at it
-            await trio.aclose_forcefully(stream)
-            return
-        self.connections.add(conn)
-        try:
-            await conn.run()
-        except Exception:
-            log.exception("HTTP connection failed")
+            try:
+                conn = _Connection(self, stream)
+            except OSError:  # the peer went away before we looked at it
+                await trio.aclose_forcefully(stream)
+                return
+            self.connections.add(conn)
+            try:
+                await conn.run()
+            except Exception:
+                log.exception("HTTP connection failed")
+            finally:
+                self.connections.discard(conn)
+                await trio.aclose_forcefully(stream)
         finally:
-            self.connections.discard(conn)
-            await trio.aclose_forcefully(stream)
+            self._release()
 
     def begin_shutdown(self) -> None:
         for conn in self.connections:
