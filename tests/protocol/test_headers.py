@@ -230,6 +230,27 @@ def test_check_name() -> None:
         check_name(view(("mcp-name", "echo"), ("mcp-name", "echo")), {"name": "echo"}, "name")
 
 
+def test_check_name_when_the_header_is_optional() -> None:
+    check_name(view(), {"taskId": "t-1"}, "taskId", required=False)  # absent: forgiven
+    check_name(view(("mcp-name", "t-1")), {"taskId": "t-1"}, "taskId", required=False)
+    check_name(view(("mcp-name", b64("t ✓"))), {"taskId": "t ✓"}, "taskId", required=False)
+    with pytest.raises(HeaderMismatch) as info:
+        check_name(view(("mcp-name", "t-2")), {"taskId": "t-1"}, "taskId", required=False)
+    assert info.value.message == "The Mcp-Name header does not match params.taskId"
+    with pytest.raises(HeaderMismatch) as info:
+        check_name(view(("mcp-name", "t-1")), {}, "taskId", required=False)
+    assert info.value.message == "The Mcp-Name header is set but params.taskId is absent"
+    with pytest.raises(HeaderMismatch, match="invalid base64"):
+        check_name(view(("mcp-name", "=?base64?@@?=")), {"taskId": "t-1"}, "taskId", required=False)
+    with pytest.raises(HeaderMismatch, match="must not be repeated"):
+        check_name(
+            view(("mcp-name", "t-1"), ("mcp-name", "t-1")),
+            {"taskId": "t-1"},
+            "taskId",
+            required=False,
+        )
+
+
 # -- Mcp-Param-* -----------------------------------------------------------------------------
 
 SCHEMA = {

@@ -536,6 +536,36 @@ async def test_extension_name_source_is_checked(app: App) -> None:
     )
 
 
+class LenientItemsExtension(ItemsExtension):
+    """The same methods, but a missing ``Mcp-Name`` is forgiven (the generic hook)."""
+
+    def name_header_optional(self, method: str) -> bool:
+        return method == "items/get"
+
+
+async def test_extension_may_make_the_name_header_optional(make_app: Callable[..., App]) -> None:
+    app = make_app()
+    app.add_extension(LenientItemsExtension())
+    declared = meta({"extensions": {EXT: {}}})
+    params = {"itemId": "known"}
+    bare = headers("items/get")
+    assert result_of(await call(app, "items/get", params, meta_=declared, hv=bare))["itemId"] == (
+        "known"
+    )
+    error = error_of(
+        await call(app, "items/get", params, meta_=declared, hv=headers("items/get", name="x")),
+        -32020,
+    )
+    assert error["message"] == "The Mcp-Name header does not match params.itemId"
+    # Only the method the extension named is lenient; the rest of the rule is unchanged.
+    error = error_of(
+        await call(app, "items/ask", params, meta_=declared, hv=headers("items/ask")), -32020
+    )
+    assert error["message"] == "The Mcp-Name header is required and must mirror params.itemId"
+    error = error_of(await call(app, "items/get", params, meta_=declared, hv=headers(None)), -32020)
+    assert error["message"] == "The Mcp-Method header is required"
+
+
 async def test_extension_settings_are_negotiated(app: App) -> None:
     declared = meta({"extensions": {EXT: {"mode": "fast"}}})
     error = error_of(await call(app, "items/get", {"itemId": "known"}, meta_=declared), -32602)

@@ -140,8 +140,15 @@ def check_method(headers: HeaderView, method: str) -> None:
         raise HeaderMismatch("The Mcp-Method header does not match the request method")
 
 
-def check_name(headers: HeaderView, params: Mapping[str, Any], source: str | None) -> None:
-    """``Mcp-Name`` must mirror the parameter named by ``source`` when the body has it."""
+def check_name(
+    headers: HeaderView, params: Mapping[str, Any], source: str | None, *, required: bool = True
+) -> None:
+    """``Mcp-Name`` must mirror the parameter named by ``source`` when the body has it.
+
+    With ``required=False`` a missing header is accepted (the body alone routes the request);
+    a header that is present must still be well-formed and mirror the body exactly, so a
+    proxy that routes on it can never be told something the server then disagrees with.
+    """
     value = single_header(headers, NAME_HEADER)
     if source is None:
         return
@@ -151,6 +158,8 @@ def check_name(headers: HeaderView, params: Mapping[str, Any], source: str | Non
             raise HeaderMismatch(f"The Mcp-Name header is set but params.{source} is absent")
         return
     if value is None:
+        if not required:
+            return
         raise HeaderMismatch(f"The Mcp-Name header is required and must mirror params.{source}")
     if not isinstance(body, str) or value != body:
         raise HeaderMismatch(f"The Mcp-Name header does not match params.{source}")

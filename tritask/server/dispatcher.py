@@ -197,12 +197,14 @@ class Dispatcher:
     ) -> None:
         hdr.check_method(headers, method)
         source = hdr.CORE_NAME_SOURCES.get(method)
+        required = True
         if source is None:
             for extension in self.app.extensions.values():
                 source = extension.name_source(method)
                 if source is not None:
+                    required = not extension.name_header_optional(method)
                     break
-        hdr.check_name(headers, params, source)
+        hdr.check_name(headers, params, source, required=required)
         if method == "tools/call":
             name = params.get("name")
             tool = self.app.tools.get(name) if isinstance(name, str) else None

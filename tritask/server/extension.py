@@ -70,6 +70,15 @@ class Extension:
         """The body parameter an HTTP ``Mcp-Name`` header must mirror for ``method``."""
         return None
 
+    def name_header_optional(self, method: str) -> bool:
+        """True when a request for ``method`` may omit ``Mcp-Name`` (default: it may not).
+
+        Only the absence is forgiven: a header that is present must still mirror
+        ``name_source(method)``, or the request gets -32020 as usual. An extension says yes
+        when the body alone routes the request and clients in the field omit the header.
+        """
+        return False
+
     async def around_tool_call(
         self, call: ToolCall, ctx: Context, call_next: CallNext
     ) -> dict[str, JSONValue]:

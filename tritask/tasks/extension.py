@@ -311,6 +311,16 @@ class Tasks(Extension):
     def name_source(self, method: str) -> str | None:
         return "taskId" if method in TASK_METHODS else None
 
+    def name_header_optional(self, method: str) -> bool:
+        """``tasks/*`` without ``Mcp-Name`` is served (a different one is still -32020).
+
+        SEP-2663 has clients mirror ``taskId`` so that a load balancer can pin a task to the
+        instance holding it. tritask routes by store, not by instance: any process reaches any
+        task, so the header tells us nothing the body does not. FastMCP 4.1.4 with
+        fastmcp-tasks 4.1.4 omits it, and its users should not fail for that.
+        """
+        return method in TASK_METHODS
+
     async def around_tool_call(
         self, call: ToolCall, ctx: Context, call_next: CallNext
     ) -> dict[str, JSONValue]:
