@@ -164,11 +164,16 @@ def parse_message(data: bytes | str) -> Message:
     Raises ``MessageError`` carrying -32700 (not JSON) or -32600 (not one valid message),
     with the request id when the envelope exposed one, so the error can echo it.
     """
+    return message_from_value(load_message(data))
+
+
+def load_message(data: bytes | str) -> JSONValue:
+    """The JSON value of a message body, or ``MessageError`` -32700 (for a caller that looks
+    at the value before deciding how to read it, as the HTTP era detection does)."""
     try:
-        value = loads(data)
+        return loads(data)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise MessageError(ParseError("Parse error: the body is not valid JSON"), None) from exc
-    return message_from_value(value)
 
 
 def message_from_value(value: JSONValue) -> Message:

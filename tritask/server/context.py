@@ -10,7 +10,7 @@ id, progress token, ``_meta`` and request cancellation are dropped.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
@@ -63,6 +63,7 @@ class Context:
         task_id: str | None = None,
         idempotency_key: str | None = None,
         session: Session | None = None,
+        close_stream: Callable[[], bool] | None = None,
     ) -> None:
         self.app = app
         self.method = method
@@ -81,6 +82,7 @@ class Context:
         self.idempotency_key = idempotency_key
         self.session = session
         """The initialize-era session this request belongs to; ``None`` for 2026-07-28."""
+        self._close_stream = close_stream
         self._last_progress: float | None = None
 
     # -- identity and capabilities -------------------------------------------------------
@@ -160,6 +162,17 @@ class Context:
         """Emit a notification on this request's own stream (listen streams use this)."""
         if self._emit is not None:
             await self._emit(notification_message(method, params))
+
+    def close_stream(self) -> bool:
+        """Let the transport close this request's response stream while the work goes on.
+
+        This is SSE polling (2025-11-25 Streamable HTTP, SEP-1699): a long call need not hold
+        a connection open; the client comes back with ``Last-Event-ID`` and gets everything
+        sent meanwhile, the result included. Where closing the stream means something else
+        (2026-07-28, where it is cancellation) or cannot be resumed (stdio, WebSocket,
+        2025-06-18), nothing happens. ``True`` when a connection was let go.
+        """
+        return self._close_stream() if self._close_stream is not None else False
 
     # -- MRTR and task input -------------------------------------------------------------
 

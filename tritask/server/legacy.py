@@ -161,10 +161,15 @@ class LegacyDispatcher:
         *,
         transport: str = "direct",
         emit: Emit | None = None,
+        close_stream: Callable[[], bool] | None = None,
     ) -> dict[str, JSONValue] | None:
-        """The response message, or ``None`` when the client cancelled the request."""
+        """The response message, or ``None`` when the client cancelled the request.
+
+        ``close_stream`` is the transport's way to let the request's stream go while the
+        work goes on (``Context.close_stream``), where it has one.
+        """
         try:
-            result = await self._handle(request, session, transport, emit)
+            result = await self._handle(request, session, transport, emit, close_stream)
         except JsonRpcError as error:
             legacy_error = _legacy_error(error)
             if legacy_error.code == -32603:
@@ -178,7 +183,12 @@ class LegacyDispatcher:
         return result_message(request.id, result)
 
     async def _handle(
-        self, request: Request, session: Session, transport: str, emit: Emit | None
+        self,
+        request: Request,
+        session: Session,
+        transport: str,
+        emit: Emit | None,
+        close_stream: Callable[[], bool] | None = None,
     ) -> dict[str, JSONValue] | None:
         method = request.method
         params: dict[str, JSONValue] = dict(request.params or {})
@@ -204,6 +214,7 @@ class LegacyDispatcher:
                 "request_id": request.id,
                 "emit": emit,
                 "cancel_scope": scope,
+                "close_stream": close_stream,
             }
             if method in INPUT_REQUIRED_METHODS:
                 result = await self._with_inputs(handler, params, session, ctx_args)

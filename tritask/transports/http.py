@@ -4,6 +4,13 @@ One POST endpoint. A request is answered with JSON, or with an SSE stream scoped
 request as soon as it has something to stream (progress, logs, a listen acknowledgement, or a
 keep-alive on a long call). Closing the response cancels the request.
 
+The same endpoint serves the initialize-era revisions (2025-06-18, 2025-11-25). Every request
+is admitted here first (Host, Origin, Content-Type, Accept, body size, authentication); then a
+POST without the modern ``_meta`` envelope whose ``MCP-Protocol-Version`` is absent or legacy,
+and a GET or DELETE naming an ``Mcp-Session-Id``, go to the session machinery of
+:mod:`tritask.transports._http_legacy`. Everything else is 2026-07-28 and meets the ladder
+below exactly as if no other era existed (a GET or DELETE without a session is 405).
+
 How the disconnect and the keep-alives are noticed depends on the server. Under tritask's own
 server (:mod:`tritask.transports._h11server`, the default of :func:`serve_http`) the scope
 advertises the ``tritask.request_watch`` extension: the exchange hands the server its cancel
@@ -16,6 +23,7 @@ does not raise after a disconnect there.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
@@ -31,13 +39,20 @@ from tritask.jsonrpc import (
     Notification,
     dumps,
     error_message,
-    parse_message,
+    load_message,
+    message_from_value,
 )
 from tritask.protocol.errors import HeaderMismatch, http_status_for
-from tritask.protocol.headers import HeaderView, check_protocol_version_present
+from tritask.protocol.headers import (
+    PROTOCOL_VERSION_HEADER,
+    HeaderView,
+    check_protocol_version_present,
+)
+from tritask.protocol.legacy import is_legacy_request
 from tritask.server.app import App
 from tritask.transports._h11server import WATCH_EXTENSION, ServerConfig
 from tritask.transports._h11server import serve as serve_h11
+from tritask.transports._http_legacy import SESSION_HEADER, LegacyEndpoint
 
 log = logging.getLogger("tritask.http")
 
@@ -78,6 +93,19 @@ class HttpOptions:
     max_body_bytes: int = DEFAULT_MAX_BODY
     keepalive_seconds: float = 15.0
     authenticate: Authenticate | None = None
+    # -- initialize-era (2025) sessions; 2026-07-28 needs none of these --
+    max_sessions: int = 10_000
+    """Legacy sessions held at once; past it a new ``initialize`` gets 503 and Retry-After."""
+    session_idle_seconds: float = 1800.0
+    """A legacy session unused this long (no request, no open stream) ends: then 404."""
+    max_session_requests: int = 64
+    """Requests one legacy session may have in flight; past it 429."""
+    sse_retry_ms: int = 1000
+    """The ``retry`` a 2025-11-25 stream announces: how long a client waits to reconnect."""
+    sse_replay_bytes: int = 256 * 1024
+    """Per legacy session, bytes of SSE events kept for ``Last-Event-ID`` replay."""
+    sse_replay_events: int = 256
+    """Per stream, events kept for replay (and how far behind a connection may fall)."""
 
 
 def _header_view(pairs: Iterable[tuple[bytes, bytes]]) -> HeaderView:
@@ -99,6 +127,20 @@ class HttpTransport:
         base = options or HttpOptions()
         self.options = attrs.evolve(base, **overrides) if overrides else base
         self._allowed_hosts: tuple[tuple[str, ...] | None, frozenset[str]] = (None, frozenset())
+        self.legacy = LegacyEndpoint(app, self.options)
+        """The initialize-era sessions (``Mcp-Session-Id``) this endpoint holds."""
+
+    def running(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """Host what outlives a request (legacy sessions' work, the idle sweeper).
+
+        ``serve_http`` enters it, and so does the ASGI lifespan; without it legacy requests
+        still work, in their own tasks.
+        """
+        return self.legacy.running()
+
+    def begin_shutdown(self) -> None:
+        """Stop the streams that would never end by themselves (standalone GET streams)."""
+        self.legacy.begin_shutdown()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope.get("type")
@@ -117,13 +159,17 @@ class HttpTransport:
             log.exception("HTTP transport failure")
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+        async with contextlib.AsyncExitStack() as stack:
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await stack.enter_async_context(self.running())
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    self.begin_shutdown()
+                    await stack.aclose()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
 
     # -- admission -----------------------------------------------------------------------
 
@@ -152,21 +198,42 @@ class HttpTransport:
             return False
         return _host_only(match.group(2)) in LOOPBACK_HOSTS
 
+    async def _authenticate(self, headers: HeaderView, send: Send) -> tuple[bool, Any]:
+        """``(True, principal)``, or ``(False, None)`` once 401 was sent."""
+        if self.options.authenticate is None:
+            return True, None
+        try:
+            return True, await self.options.authenticate(headers)
+        except Unauthenticated:
+            await _error(send, 401, error_message(None, InvalidRequest("Unauthenticated")))
+            return False, None
+
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = _header_view(scope.get("headers") or ())
         path = scope.get("path", "")
         if path.rstrip("/") != self.options.path.rstrip("/"):
             await _plain(send, 404, b"Not Found")
             return
-        method = scope.get("method", "GET").upper()
-        if method != "POST":
-            await _plain(send, 405, b"Method Not Allowed", [(b"allow", b"POST")])
-            return
+        # Host and Origin first: nothing (a legacy session least of all) exists for a
+        # request from a page that may not talk to this server.
         if not self._host_allowed(headers):
             await _error(send, 403, error_message(None, InvalidRequest("Host is not allowed")))
             return
         if not self._origin_allowed(headers):
             await _error(send, 403, error_message(None, InvalidRequest("Origin is not allowed")))
+            return
+        method = scope.get("method", "GET").upper()
+        if method != "POST":
+            if method in ("GET", "DELETE") and headers.get(SESSION_HEADER) is not None:
+                admitted, principal = await self._authenticate(headers, send)
+                if not admitted:
+                    return
+                if method == "GET":
+                    await self.legacy.get(headers, principal, scope, receive, send)
+                else:
+                    await self.legacy.delete(headers, principal, send)
+                return
+            await _plain(send, 405, b"Method Not Allowed", [(b"allow", b"POST")])
             return
         content_type = (headers.get("content-type") or "").split(";")[0].strip().lower()
         if content_type != "application/json":
@@ -189,15 +256,20 @@ class HttpTransport:
         body = await self._read_body(headers, receive, send)
         if body is None:
             return
-        principal: Any = None
-        if self.options.authenticate is not None:
-            try:
-                principal = await self.options.authenticate(headers)
-            except Unauthenticated:
-                await _error(send, 401, error_message(None, InvalidRequest("Unauthenticated")))
-                return
+        admitted, principal = await self._authenticate(headers, send)
+        if not admitted:
+            return
         try:
-            message = parse_message(body)
+            value = load_message(body)
+            if isinstance(value, dict):
+                params = value.get("params")
+                if is_legacy_request(
+                    params if isinstance(params, dict) else None,
+                    headers.get(PROTOCOL_VERSION_HEADER),
+                ):
+                    await self.legacy.post(value, headers, principal, scope, receive, send)
+                    return
+            message = message_from_value(value)
         except MessageError as error:
             await _error(send, 400, error_message(error.request_id, error))
             return
@@ -449,21 +521,39 @@ async def serve_http(
     hypercorn yourself with :class:`HttpTransport`). Both close idle keep-alive connections
     after 75 s and give in-flight requests 5 s after ``shutdown_trigger`` returns.
     """
-    transport = HttpTransport(app, options)
-    if server == "tritask":
-        await serve_h11(
-            transport,
-            host,
-            port,
-            config=server_config,
-            shutdown_trigger=shutdown_trigger,
-            task_status=task_status,
-        )
-        return
-    if server != "hypercorn":
+    if server not in ("tritask", "hypercorn"):
         raise ValueError(f"unknown HTTP server {server!r}: 'tritask' or 'hypercorn'")
-    if server_config is not None:
+    if server == "hypercorn" and server_config is not None:
         raise ValueError("server_config applies to the tritask server only")
+    transport = HttpTransport(app, options)
+
+    async def shutdown_then_end_streams() -> None:
+        assert shutdown_trigger is not None
+        await shutdown_trigger()
+        transport.begin_shutdown()
+
+    trigger = shutdown_then_end_streams if shutdown_trigger is not None else None
+    async with transport.running():
+        if server == "tritask":
+            await serve_h11(
+                transport,
+                host,
+                port,
+                config=server_config,
+                shutdown_trigger=trigger,
+                task_status=task_status,
+            )
+        else:
+            await _serve_hypercorn(transport, host, port, trigger, task_status)
+
+
+async def _serve_hypercorn(
+    transport: HttpTransport,
+    host: str,
+    port: int,
+    shutdown_trigger: Callable[[], Awaitable[None]] | None,
+    task_status: trio.TaskStatus[list[str]],
+) -> None:
     try:
         from hypercorn.config import Config
         from hypercorn.trio import serve
