@@ -1,10 +1,14 @@
-"""The fixture server for the official MCP conformance suite (2026-07-28).
+"""The fixture server for the official MCP conformance suite (2026-07-28, 2025-11-25, 2025-06-18).
 
 Serve it with::
 
     python -m tritask serve examples/conformance_fixture.py:app --http 127.0.0.1:0 --store memory:
 
-and point ``conformance server --url http://127.0.0.1:PORT/mcp --requirements 2026-07-28`` at it.
+and point ``conformance server --url http://127.0.0.1:PORT/mcp --requirements 2026-07-28`` at it,
+or ``--suite all --spec-version 2025-11-25`` (or ``2025-06-18``): one endpoint serves every era.
+Tools that ask the client something are written MRTR-style (they return ``input_required``), so
+the same code answers a 2026-07-28 client statelessly and a legacy session through
+server-initiated requests (``sampling/createMessage``, ``elicitation/create``).
 
 Every tool, prompt, resource and completion the suite calls is here, under the exact names the
 scenarios look up. Tools are registered in a fixed order, and ``test_simple_text`` (no required
@@ -178,7 +182,10 @@ async def test_multiple_content_types() -> list[Any]:
     ]
 
 
-@app.tool(description="Sends three info log messages (only when the request set a logLevel).")
+@app.tool(
+    description="Sends three info log messages (at 2026-07-28 only when the request set a "
+    "logLevel; in a legacy session per its logging/setLevel)."
+)
 async def test_tool_with_logging(ctx: Context) -> str:
     await ctx.log("info", "Tool execution started")
     await trio.sleep(0.05)
@@ -437,6 +444,125 @@ async def test_trigger_prompt_change(ctx: Context) -> str:
     return "added test_dynamic_prompt"
 
 
+# -- initialize-era (2025-06-18, 2025-11-25) scenario tools -----------------------------
+#
+# Appended after every tool above, so the order the 2026-07-28 scenarios see is unchanged.
+
+USER_INFO_FORM: dict[str, JSONValue] = {
+    "type": "object",
+    "properties": {
+        "username": {"type": "string", "description": "User's response"},
+        "email": {"type": "string", "description": "User's email address"},
+    },
+    "required": ["username", "email"],
+}
+
+DEFAULTS_FORM: dict[str, JSONValue] = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "description": "Your name", "default": "John Doe"},
+        "age": {"type": "integer", "description": "Your age", "default": 30},
+        "score": {"type": "number", "description": "Your score", "default": 95.5},
+        "status": {
+            "type": "string",
+            "description": "Your status",
+            "enum": ["active", "inactive", "pending"],
+            "default": "active",
+        },
+        "verified": {"type": "boolean", "description": "Verified?", "default": True},
+    },
+}
+
+ENUMS_FORM: dict[str, JSONValue] = {
+    "type": "object",
+    "properties": {
+        "untitledSingle": {"type": "string", "enum": ["option1", "option2", "option3"]},
+        "titledSingle": {
+            "type": "string",
+            "oneOf": [
+                {"const": "value1", "title": "First Option"},
+                {"const": "value2", "title": "Second Option"},
+                {"const": "value3", "title": "Third Option"},
+            ],
+        },
+        "legacyEnum": {
+            "type": "string",
+            "enum": ["opt1", "opt2", "opt3"],
+            "enumNames": ["Option One", "Option Two", "Option Three"],
+        },
+        "untitledMulti": {
+            "type": "array",
+            "items": {"type": "string", "enum": ["option1", "option2", "option3"]},
+        },
+        "titledMulti": {
+            "type": "array",
+            "items": {
+                "anyOf": [
+                    {"const": "value1", "title": "First Choice"},
+                    {"const": "value2", "title": "Second Choice"},
+                    {"const": "value3", "title": "Third Choice"},
+                ]
+            },
+        },
+    },
+}
+
+
+def _elicitation_outcome(ctx: Context, key: str) -> str | None:
+    """``action=…, content={…}`` of the client's answer for ``key``, if this round has one."""
+    answer = ctx.input_response(key)
+    if answer is None:
+        return None
+    content = answer.get("content")
+    return f"action={answer.get('action')}, content={json.dumps(content, sort_keys=True)}"
+
+
+@app.tool(description="Asks the client's model to answer a prompt (sampling/createMessage).")
+async def test_sampling(ctx: Context, prompt: str) -> str | InputRequired:
+    answer = _sampled_text(ctx, "completion")
+    if answer is None:
+        return ctx.input_required({"completion": _question(prompt, 100)})
+    return f"LLM response: {answer}"
+
+
+@app.tool(description="Asks the user for a username and an email address (elicitation/create).")
+async def test_elicitation(ctx: Context, message: str) -> str | InputRequired:
+    outcome = _elicitation_outcome(ctx, "user_info")
+    if outcome is None:
+        return ctx.input_required({"user_info": elicitation(message, USER_INFO_FORM)})
+    return f"User response: {outcome}"
+
+
+@app.tool(description="Elicits a form whose every primitive field has a default (SEP-1034).")
+async def test_elicitation_sep1034_defaults(ctx: Context) -> str | InputRequired:
+    outcome = _elicitation_outcome(ctx, "defaults")
+    if outcome is None:
+        return ctx.input_required(
+            {"defaults": elicitation("Please review the default values", DEFAULTS_FORM)}
+        )
+    return f"Elicitation completed: {outcome}"
+
+
+@app.tool(description="Elicits a form with all five enum schema variants (SEP-1330).")
+async def test_elicitation_sep1330_enums(ctx: Context) -> str | InputRequired:
+    outcome = _elicitation_outcome(ctx, "enums")
+    if outcome is None:
+        return ctx.input_required({"enums": elicitation("Please pick your options", ENUMS_FORM)})
+    return f"Elicitation completed: {outcome}"
+
+
+@app.tool(
+    description="Closes its own SSE stream mid-call and keeps working; the result arrives on "
+    "the resumed stream (SSE polling, 2025-11-25)."
+)
+async def test_reconnection(ctx: Context) -> str:
+    await ctx.log("info", "Before disconnect")
+    ctx.close_stream()
+    await trio.sleep(0.2)
+    await ctx.log("info", "After reconnect")
+    return "Reconnection test completed"
+
+
 # -- prompts -----------------------------------------------------------------------------
 
 
@@ -513,6 +639,12 @@ async def template_data(id: str) -> str:
     return json.dumps(
         {"id": id, "templateTest": True, "data": f"Data for ID: {id}"}, separators=(",", ":")
     )
+
+
+@app.resource("test://watched-resource", name="watched-resource", mime_type="text/plain")
+async def watched_resource() -> str:
+    """A resource clients subscribe to (resources/subscribe in a legacy session)."""
+    return "This resource is watched for updates."
 
 
 # -- completion --------------------------------------------------------------------------

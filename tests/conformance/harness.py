@@ -8,7 +8,8 @@ Four steps, each usable on its own:
    ``NpmPackage`` does the same for any pinned npm package (the interop tests' TypeScript SDK).
 2. ``start_server()`` runs ``python -m tritask serve <app> --http 127.0.0.1:0 --store memory:``
    and reads the bound URL from its stderr.
-3. ``run_suite()`` runs the suite with ``-o <dir>`` and parses every ``checks.json`` into
+3. ``run_suite()`` runs the suite with ``-o <dir>`` (a requirement set, or ``suite="all"``
+   with a ``spec_version``, or one scenario) and parses every ``checks.json`` into
    per-scenario counts, plus the printed ``=== SUMMARY ===`` block.
 4. ``FixtureServer.stop()`` sends SIGINT and makes sure the server exits.
 
@@ -491,11 +492,17 @@ def suite_command(
     requirements: str | None = REQUIREMENTS,
     scenario: str | None = None,
     spec_version: str | None = None,
+    suite: str | None = None,
     cache_dir: Path = CACHE_DIR,
 ) -> list[str]:
+    """The CLI invocation. ``scenario`` wins over ``suite``, which wins over ``requirements``
+    (the CLI refuses ``--requirements`` beside either); ``spec_version`` filters the first two.
+    """
     command = [str(node_executable()), str(entry_point(cache_dir)), "server", "--url", url]
     if scenario is not None:
         command += ["--scenario", scenario]
+    elif suite is not None:
+        command += ["--suite", suite]
     elif requirements is not None:
         command += ["--requirements", requirements]
     if spec_version is not None:
@@ -510,6 +517,7 @@ def run_suite(
     requirements: str | None = REQUIREMENTS,
     scenario: str | None = None,
     spec_version: str | None = None,
+    suite: str | None = None,
     cache_dir: Path = CACHE_DIR,
     timeout: float = 1200.0,
 ) -> SuiteResult:
@@ -523,6 +531,7 @@ def run_suite(
         requirements=requirements,
         scenario=scenario,
         spec_version=spec_version,
+        suite=suite,
         cache_dir=cache_dir,
     )
     try:
@@ -568,6 +577,7 @@ def run_conformance(
     requirements: str | None = REQUIREMENTS,
     scenario: str | None = None,
     spec_version: str | None = None,
+    suite: str | None = None,
     output_dir: Path | None = None,
     timeout: float = 1200.0,
 ) -> ConformanceRun:
@@ -582,6 +592,7 @@ def run_conformance(
                 requirements=requirements,
                 scenario=scenario,
                 spec_version=spec_version,
+                suite=suite,
                 timeout=timeout,
             )
             began = time.monotonic()
