@@ -49,8 +49,7 @@ TOOLS = [
 ]
 
 pytestmark = [
-    # Streamable HTTP joins when legacy HTTP sessions are served
-    pytest.mark.parametrize("transport", ["stdio"]),
+    pytest.mark.parametrize("transport", ["http", "stdio"]),
     # ping, logging/setLevel and resources/subscribe are gone from 2026-07-28: the client warns
     # on every use, and this module uses them on purpose
     pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning"),
@@ -241,6 +240,7 @@ async def count_until_one(client: Client, tool: str) -> None:
         await trio.sleep(0.01)
 
 
+# the task tool hold joins when task tools are served to legacy clients
 @pytest.mark.parametrize(("tool", "counter"), [("wait", "cancelled_waits")])
 async def test_abandoned_call_is_cancelled_on_the_server(
     transport: str, tmp_path: Path, tool: str, counter: str

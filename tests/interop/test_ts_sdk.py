@@ -137,8 +137,7 @@ def _drive(
     return json.loads(lines[0]), completed.returncode, completed.stderr
 
 
-# Streamable HTTP joins when legacy HTTP sessions are served
-@pytest.fixture(scope="module", params=["stdio"])
+@pytest.fixture(scope="module", params=["http", "stdio"])
 def run(
     request: pytest.FixtureRequest, sdk_dir: Path, tmp_path_factory: Any
 ) -> Iterator[DriverRun]:
@@ -311,6 +310,7 @@ def test_tool_input_becomes_an_elicitation_request(run: DriverRun) -> None:
     ], run.report("plain")
 
 
+# cancelWaitedTask joins when task tools are served to legacy clients
 @pytest.mark.parametrize("step", ["cancelTool"])
 def test_abort_signal_cancels_the_call_on_the_server(run: DriverRun, step: str) -> None:
     """AbortSignal: the SDK sends ``notifications/cancelled``; the tool (or task) is cancelled."""

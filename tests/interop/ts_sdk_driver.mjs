@@ -33,7 +33,7 @@ const load = sub => import(pathToFileURL(path.join(sdkDir, 'dist', 'esm', sub)).
 const { Client } = await load('client/index.js');
 const { StreamableHTTPClientTransport } = await load('client/streamableHttp.js');
 const { StdioClientTransport } = await load('client/stdio.js');
-const { ElicitRequestSchema } = await load('types.js');
+const { CallToolResultSchema, ElicitRequestSchema } = await load('types.js');
 
 const output = {
     sdkVersion: JSON.parse(readFileSync(path.join(sdkDir, 'package.json'), 'utf8')).version,
@@ -118,12 +118,22 @@ async function connect(name, capabilities, setup) {
     const log = [];
     output.wire[name] = log;
     const client = new Client({ name: `tritask-ts-interop-${name}`, version: '1.0.0' }, { capabilities });
+    // What the SDK reports through onerror while the client works (protocol errors, unknown
+    // response ids, late progress...). Closing aborts the client's own open streams (the GET
+    // stream over HTTP), which the SDK reports too: that is not the server's doing.
     const errors = [];
-    client.onerror = error => errors.push(describe(error).message);
+    const state = { closing: false };
+    client.onerror = error => {
+        if (!state.closing) errors.push(describe(error).message);
+    };
     setup?.(client);
     const transport = tap(openTransport(), log);
     await client.connect(transport);
-    return { client, transport, errors };
+    const close = async () => {
+        state.closing = true;
+        await client.close();
+    };
+    return { client, transport, errors, close };
 }
 
 function text(result) {
@@ -190,7 +200,7 @@ async function plainClient() {
     const results = {};
     output.plain = results;
     const asked = [];
-    const { client, transport, errors } = await connect('plain', { elicitation: {} }, client => {
+    const { client, transport, errors, close } = await connect('plain', { elicitation: {} }, client => {
         client.setRequestHandler(ElicitRequestSchema, async request => {
             asked.push(request.params);
             return { action: 'accept', content: { name: 'Ada' } };
@@ -234,14 +244,14 @@ async function plainClient() {
             return { sessionId: transport.sessionId ?? null };
         });
     }
-    await client.close();
-    results.clientErrors = errors;
+    results.clientErrors = errors.slice();
+    await close();
 }
 
 async function tasksClient() {
     const results = {};
     output.tasks = results;
-    const { client, errors } = await connect('tasks', { elicitation: {}, tasks: { list: {}, cancel: {} } });
+    const { client, errors, close } = await connect('tasks', { elicitation: {}, tasks: { list: {}, cancel: {} } });
     const tasks = client.experimental.tasks;
     results.connect = { capabilities: client.getServerCapabilities() };
     await step(results, 'listTools', async () => {
@@ -266,7 +276,7 @@ async function tasksClient() {
         return messages;
     });
     await step(results, 'getTask', () => tasks.getTask(reportId));
-    await step(results, 'getTaskResult', () => tasks.getTaskResult(reportId));
+    await step(results, 'getTaskResult', () => tasks.getTaskResult(reportId, CallToolResultSchema));
     let holdId = null;
     await step(results, 'cancel', async () => {
         const before = await counter(client, 'cancelled_holds');
@@ -303,8 +313,8 @@ async function tasksClient() {
             nextCursor: listed.nextCursor ?? null
         };
     });
-    await client.close();
-    results.clientErrors = errors;
+    results.clientErrors = errors.slice();
+    await close();
 }
 
 let code = 0;
