@@ -24,6 +24,7 @@ import attrs
 import trio
 
 from stress.bench.loadgen import (
+    LEGACY_VERSION,
     TASKS_ID,
     TOOL_CHECK,
     HttpConnection,
@@ -154,18 +155,52 @@ class CoreParams:
     pin: bool = False
     mcp_json_response: bool = False
     ceiling: bool = True
+    era: str = "modern"
+    """``modern`` (2026-07-28, stateless) or ``legacy`` (2025-11-25 sessions, one per
+    connection): tritask legacy vs the mcp server in legacy mode, beside tritask modern."""
 
 
 ECHO = McpRequest("tools/call", {"name": "echo", "arguments": {"text": "hello"}}, name="echo")
+LEGACY_ECHO = attrs.evolve(ECHO, name=None, era="legacy")
+
+
+@attrs.frozen
+class _Side:
+    """One measured column: which server, which request, and (legacy) the session version."""
+
+    server: str
+    request: McpRequest
+    session_version: str | None = None
+
+
+def _core_sides(params: CoreParams) -> dict[str, _Side]:
+    if params.era == "legacy":
+        sides = {
+            "tritask": _Side("tritask", LEGACY_ECHO, LEGACY_VERSION),
+            "tritaskModern": _Side("tritask", ECHO),
+            "mcp": _Side("mcp", LEGACY_ECHO, LEGACY_VERSION),
+        }
+    elif params.era == "modern":
+        sides = {"tritask": _Side("tritask", ECHO), "mcp": _Side("mcp", ECHO)}
+    else:
+        raise ValueError(f"unknown era {params.era!r}: 'modern' or 'legacy'")
+    if params.ceiling:
+        sides["ceiling"] = _Side("ceiling", ECHO)
+    return sides
 
 
 async def bench_core(params: CoreParams) -> dict[str, Any]:
-    """Synchronous ``tools/call`` of a trivial tool: tritask vs ``mcp`` 2.3.0, same client."""
+    """Synchronous ``tools/call`` of a trivial tool: tritask vs ``mcp`` 2.3.0, same client.
+
+    At ``era="legacy"`` every connection is a 2025-11-25 client with a session of its own
+    (opened before the measurement), on both servers; tritask's modern figures are measured in
+    the same run, on the same server process.
+    """
     pinned = params.pin and (os.cpu_count() or 1) >= 2
     server_cpu = 1 if pinned else None
     _pin_self(0 if pinned else None)
     mcp_options = ["--json-response"] if params.mcp_json_response else []
-    sides = ("tritask", "mcp", "ceiling") if params.ceiling else ("tritask", "mcp")
+    sides = _core_sides(params)
     runs: dict[str, dict[int, list[dict[str, Any]]]] = {
         side: {c: [] for c in params.concurrency} for side in sides
     }
@@ -181,18 +216,20 @@ async def bench_core(params: CoreParams) -> dict[str, Any]:
         }
         for repeat in range(params.repeats):
             for concurrency in params.concurrency:
-                order = sides if repeat % 2 == 0 else tuple(reversed(sides))
-                for side in order:
+                order = tuple(sides) if repeat % 2 == 0 else tuple(reversed(sides))
+                for name in order:
+                    side = sides[name]
                     result = await run_load(
                         "127.0.0.1",
-                        ports[side],
-                        ECHO,
+                        ports[side.server],
+                        side.request,
                         concurrency=concurrency,
                         seconds=params.seconds,
                         warmup_seconds=params.warmup_seconds,
                         check=TOOL_CHECK,
+                        session_version=side.session_version,
                     )
-                    runs[side][concurrency].append(
+                    runs[name][concurrency].append(
                         {
                             "requestsPerSecond": result.requests_per_second,
                             "requests": result.requests,
@@ -200,11 +237,11 @@ async def bench_core(params: CoreParams) -> dict[str, Any]:
                             "latencies": result.latencies,
                         }
                     )
-    figures: dict[str, dict[str, Any]] = {side: {} for side in sides}
-    for side, by_concurrency in runs.items():
+    figures: dict[str, dict[str, Any]] = {name: {} for name in sides}
+    for name, by_concurrency in runs.items():
         for concurrency, repeats in by_concurrency.items():
             latencies = [x for r in repeats for x in r["latencies"]]
-            figures[side][f"c{concurrency}"] = {
+            figures[name][f"c{concurrency}"] = {
                 "requestsPerSecond": round(
                     statistics.median(r["requestsPerSecond"] for r in repeats), 1
                 ),
@@ -213,28 +250,39 @@ async def bench_core(params: CoreParams) -> dict[str, Any]:
                 "errors": sum(r["errors"] for r in repeats),
                 **summarize(latencies),
             }
-    ratio = {
-        key: round(
-            figures["tritask"][key]["requestsPerSecond"]
-            / max(figures["mcp"][key]["requestsPerSecond"], 1e-9),
-            3,
-        )
-        for key in figures["tritask"]
-    }
+
+    def ratios(numerator: str, denominator: str) -> dict[str, float]:
+        return {
+            key: round(
+                figures[numerator][key]["requestsPerSecond"]
+                / max(figures[denominator][key]["requestsPerSecond"], 1e-9),
+                3,
+            )
+            for key in figures[numerator]
+        }
+
+    ratio = ratios("tritask", "mcp")
     errors = sum(v["errors"] for side in figures.values() for v in side.values())
     extra: dict[str, Any] = {}
     if params.ceiling:
         extra["hypercornCeiling"] = figures["ceiling"]
+    legacy = params.era == "legacy"
+    if legacy:
+        extra["tritaskModern"] = figures["tritaskModern"]
+        extra["ratioToModern"] = ratios("tritask", "tritaskModern")
+    mode = f"json_response={params.mcp_json_response}"
     return _result(
         "core",
         {
             **attrs.asdict(params),
             "tool": "echo",
             "client": "raw HTTP/1.1 keep-alive over trio sockets (stress.bench.loadgen)",
-            "mcpServer": "mcp 2.3.0 MCPServer.streamable_http_app("
-            f"json_response={params.mcp_json_response}) on hypercorn's trio worker",
+            "mcpServer": f"mcp 2.3.0 MCPServer.streamable_http_app({mode}) on hypercorn's trio "
+            + ("worker, legacy sessions" if legacy else "worker"),
+            "sessions": "one 2025-11-25 session per connection" if legacy else None,
             "pinned": {"client": 0, "servers": 1} if pinned else None,
-            "target": "tritask >= 2x mcp requests/s at every concurrency",
+            "target": "tritask >= 2x mcp requests/s at every concurrency"
+            + (" (both in legacy mode)" if legacy else ""),
         },
         figures["tritask"],
         figures["mcp"],

@@ -29,7 +29,9 @@ def register_bench(commands: Any, common: Callable[[argparse.ArgumentParser], No
     bench = commands.add_parser("bench", help="benchmarks, each with its baseline in the same run")
     kinds = bench.add_subparsers(dest="bench_command", required=True)
 
-    core = kinds.add_parser("core", help="tools/call over Streamable HTTP: tritask vs mcp 2.3.0")
+    core = kinds.add_parser(
+        "core", help="tools/call over Streamable HTTP: tritask vs mcp 2.3.0 (either era)"
+    )
     common(core)
     core.add_argument("--concurrency", type=_positive, nargs="+", default=[1, 32])
     core.add_argument("--seconds", type=_positive_float, default=5.0, help="per measurement")
@@ -42,6 +44,12 @@ def register_bench(commands: Any, common: Callable[[argparse.ArgumentParser], No
         "--mcp-json-response",
         action="store_true",
         help="run the mcp server with json_response=True (default: its SSE-capable default)",
+    )
+    core.add_argument(
+        "--era",
+        choices=["modern", "legacy"],
+        default="modern",
+        help="legacy: 2025-11-25 sessions on both servers, plus tritask modern in the same run",
     )
     core.set_defaults(handler=_handle_core)
 
@@ -106,6 +114,9 @@ def _print(result: dict[str, Any]) -> None:
     print(f"  tritask:  {json.dumps(result['tritask'], sort_keys=True)}")
     print(f"  baseline: {json.dumps(result['baseline'], sort_keys=True)}")
     print(f"  ratio:    {json.dumps(result['ratio'], sort_keys=True)}")
+    if "ratioToModern" in result:
+        print(f"  tritask modern: {json.dumps(result['tritaskModern'], sort_keys=True)}")
+        print(f"  legacy/modern:  {json.dumps(result['ratioToModern'], sort_keys=True)}")
     print(f"  target met: {result['target_met']}")
 
 
@@ -119,6 +130,7 @@ def _handle_core(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         pin=args.pin,
         mcp_json_response=args.mcp_json_response,
+        era=args.era,
     )
     return _run(args, lambda: bench_core(params))
 

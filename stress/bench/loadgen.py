@@ -4,6 +4,11 @@ Both servers of a comparison are driven by this same client, so its own cost (a 
 calls and one ``json.loads`` per request) weighs the same on each side. It speaks only what the
 benchmarks need: ``POST`` with ``Content-Length``, and responses framed by ``Content-Length`` or
 chunked transfer coding, as JSON or as an SSE stream whose last ``data:`` line is the answer.
+
+Requests are of either era. A 2026-07-28 request carries the ``_meta`` envelope and the
+routing headers; an initialize-era (2025-11-25) one carries neither, but the ``Mcp-Session-Id``
+and ``MCP-Protocol-Version`` of the session its connection opened with :meth:`HttpConnection.
+open_session` (``initialize``, then ``notifications/initialized``), as the SDK clients do.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import attrs
 import trio
 
 __all__ = [
+    "LEGACY_VERSION",
     "META",
     "TOOL_CHECK",
     "HttpConnection",
@@ -29,11 +35,13 @@ __all__ = [
 ]
 
 PROTOCOL_VERSION: Final = "2026-07-28"
+LEGACY_VERSION: Final = "2025-11-25"
+CLIENT_INFO: Final = {"name": "tritask-bench", "version": "1"}
 TASKS_ID: Final = "io.modelcontextprotocol/tasks"
 META: Final = {
     "io.modelcontextprotocol/protocolVersion": PROTOCOL_VERSION,
     "io.modelcontextprotocol/clientCapabilities": {},
-    "io.modelcontextprotocol/clientInfo": {"name": "tritask-bench", "version": "1"},
+    "io.modelcontextprotocol/clientInfo": CLIENT_INFO,
 }
 
 
@@ -43,40 +51,65 @@ class HttpError(Exception):
 
 @attrs.frozen
 class McpRequest:
-    """One 2026-07-28 request: the JSON-RPC body plus the mirrored routing headers."""
+    """One request: the JSON-RPC body plus, at 2026-07-28, the mirrored routing headers.
+
+    ``era="legacy"`` makes it an initialize-era message: no ``_meta`` envelope and no
+    ``Mcp-Method``/``Mcp-Name``, but the connection's session headers (none on the
+    ``initialize`` itself). ``notification`` drops the id.
+    """
 
     method: str
     params: Mapping[str, Any]
     name: str | None = None
     capabilities: Mapping[str, Any] = attrs.field(factory=dict)
+    era: str = "modern"
+    notification: bool = False
 
     def message_params(self) -> dict[str, Any]:
-        """The request's ``params`` with its ``_meta`` envelope."""
+        """The request's ``params``, with its ``_meta`` envelope at 2026-07-28."""
+        if self.era == "legacy":
+            return dict(self.params)
         meta = {**META, "io.modelcontextprotocol/clientCapabilities": dict(self.capabilities)}
         return {**self.params, "_meta": meta}
 
-    def encode(self, host: str, path: str, request_id: int) -> bytes:
-        body = json.dumps(
-            {
-                "jsonrpc": "2.0",
-                "id": request_id,
-                "method": self.method,
-                "params": self.message_params(),
-            },
-            separators=(",", ":"),
-        ).encode()
+    def encode(
+        self, host: str, path: str, request_id: int, session: tuple[str, str] | None = None
+    ) -> bytes:
+        """The HTTP request; ``session`` is a legacy connection's (session id, version)."""
+        message: dict[str, Any] = {"jsonrpc": "2.0"}
+        if not self.notification:
+            message["id"] = request_id
+        message["method"] = self.method
+        message["params"] = self.message_params()
+        body = json.dumps(message, separators=(",", ":")).encode()
         lines = [
             f"POST {path} HTTP/1.1",
             f"Host: {host}",
             "Content-Type: application/json",
             "Accept: application/json, text/event-stream",
-            f"MCP-Protocol-Version: {PROTOCOL_VERSION}",
-            f"Mcp-Method: {self.method}",
         ]
-        if self.name is not None:
-            lines.append(f"Mcp-Name: {self.name}")
+        if self.era == "legacy":
+            if session is not None:
+                lines.append(f"Mcp-Session-Id: {session[0]}")
+                lines.append(f"MCP-Protocol-Version: {session[1]}")
+        else:
+            lines.append(f"MCP-Protocol-Version: {PROTOCOL_VERSION}")
+            lines.append(f"Mcp-Method: {self.method}")
+            if self.name is not None:
+                lines.append(f"Mcp-Name: {self.name}")
         lines.append(f"Content-Length: {len(body)}")
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+def initialize_request(version: str = LEGACY_VERSION) -> McpRequest:
+    return McpRequest(
+        "initialize",
+        {"protocolVersion": version, "capabilities": {}, "clientInfo": CLIENT_INFO},
+        era="legacy",
+    )
+
+
+INITIALIZED: Final = McpRequest("notifications/initialized", {}, era="legacy", notification=True)
 
 
 class HttpConnection:
@@ -91,6 +124,10 @@ class HttpConnection:
         self._next_id = 0
         self._closing = False
         self.reconnects = 0
+        self.session: tuple[str, str] | None = None
+        """A legacy session's (``Mcp-Session-Id``, negotiated version), once opened."""
+        self.headers: dict[bytes, bytes] = {}
+        """The headers of the last response (names lower-cased)."""
 
     @classmethod
     async def connect(cls, host: str, port: int, path: str = "/mcp") -> HttpConnection:
@@ -107,6 +144,19 @@ class HttpConnection:
 
     async def aclose(self) -> None:
         await self.stream.aclose()
+
+    async def open_session(self, version: str = LEGACY_VERSION) -> None:
+        """``initialize`` and ``notifications/initialized``: the legacy requests that follow on
+        this connection belong to the session the server opened."""
+        status, message = await self.call(initialize_request(version))
+        session_id = self.headers.get(b"mcp-session-id")
+        result = message.get("result")
+        if status != 200 or not isinstance(result, dict) or session_id is None:
+            raise HttpError(f"initialize was answered {status} {message} without a session")
+        self.session = (session_id.decode("latin-1"), str(result["protocolVersion"]))
+        status, _ = await self.call(INITIALIZED)
+        if status != 202:
+            raise HttpError(f"notifications/initialized was answered {status}")
 
     async def _fill(self) -> None:
         data = await self.stream.receive_some(65536)
@@ -135,7 +185,9 @@ class HttpConnection:
         self._next_id += 1
         if self._closing:
             await self._reconnect()
-        await self.stream.send_all(request.encode(self.host, self.path, self._next_id))
+        await self.stream.send_all(
+            request.encode(self.host, self.path, self._next_id, self.session)
+        )
         head = await self._read_until(b"\r\n\r\n")
         status_line, _, header_block = head.partition(b"\r\n")
         try:
@@ -146,6 +198,7 @@ class HttpConnection:
         for line in header_block.split(b"\r\n"):
             name, _, value = line.partition(b":")
             headers[name.strip().lower()] = value.strip()
+        self.headers = headers
         if headers.get(b"connection", b"").lower() == b"close":
             self._closing = True
         if b"content-length" in headers:
@@ -229,19 +282,19 @@ async def run_load(
     total: int | None = None,
     warmup_seconds: float = 0.0,
     check: Check | None = None,
+    session_version: str | None = None,
 ) -> LoadResult:
     """Drive ``concurrency`` keep-alive connections for ``seconds`` (or ``total`` requests).
 
-    Latencies are kept only for requests started after the warm-up.
+    Latencies are kept only for requests started after the warm-up. With ``session_version``
+    each connection first opens a legacy session of its own at that version (one client per
+    connection), outside the measurement.
     """
     connections = [await HttpConnection.connect(host, port) for _ in range(concurrency)]
     latencies: list[float] = []
     errors = 0
     count = 0
     remaining = total
-    begin = time.perf_counter()
-    measure_from = begin + warmup_seconds
-    stop_at = None if seconds is None else measure_from + seconds
     measured_start: float | None = None
 
     async def worker(conn: HttpConnection) -> None:
@@ -266,6 +319,12 @@ async def run_load(
                     errors += 1
 
     try:
+        if session_version is not None:
+            for conn in connections:
+                await conn.open_session(session_version)
+        begin = time.perf_counter()
+        measure_from = begin + warmup_seconds
+        stop_at = None if seconds is None else measure_from + seconds
         async with trio.open_nursery() as nursery:
             for conn in connections:
                 nursery.start_soon(worker, conn)

@@ -56,6 +56,36 @@ def test_bench_core_smoke() -> None:
     assert isinstance(result["target_met"], bool)
 
 
+def test_bench_core_legacy_smoke() -> None:
+    """2025-11-25 sessions on both servers, and tritask modern in the same run."""
+    result = bench(
+        "core", "--era", "legacy", "--concurrency", "1", "2", "--seconds", "0.3",
+        "--warmup", "0.1", "--repeats", "1",
+    )  # fmt: skip
+    assert result["name"] == "core"
+    assert result["params"]["era"] == "legacy"
+    assert result["params"]["sessions"] == "one 2025-11-25 session per connection"
+    assert result["errors"] == 0
+    for side in ("tritask", "baseline", "tritaskModern", "hypercornCeiling"):
+        assert set(result[side]) == {"c1", "c2"}
+        for figures in result[side].values():
+            assert figures["requests"] > 0
+            assert figures["errors"] == 0
+            assert figures["requestsPerSecond"] > 0
+    for key in ("c1", "c2"):
+        assert result["ratio"][key] == round(
+            result["tritask"][key]["requestsPerSecond"]
+            / result["baseline"][key]["requestsPerSecond"],
+            3,
+        )
+        assert result["ratioToModern"][key] == round(
+            result["tritask"][key]["requestsPerSecond"]
+            / result["tritaskModern"][key]["requestsPerSecond"],
+            3,
+        )
+    assert isinstance(result["target_met"], bool)
+
+
 def test_bench_tasks_memory_smoke() -> None:
     result = bench("tasks", "--store", "memory:", "--tasks", "30", "--clients", "3")
     assert result["name"] == "tasks"
