@@ -143,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     from tritask.migrate import add_migrate_command
 
     add_migrate_command(commands)
+    from tritask.ops.parser import add_operator_commands
+
+    add_operator_commands(commands, DEFAULT_STORE)
     for entry_point in metadata.entry_points(group=COMMANDS_GROUP):
         # Subcommands of other distributions (e.g. a stress harness): each entry point is a
         # callable that adds its parser to ``commands``. A broken one is named, not hidden.

@@ -65,6 +65,7 @@ from tritask.tasks.store import (
     Authority,
     CapacityExceeded,
     Claimed,
+    ClaimInfo,
     Conflict,
     CorruptStore,
     DatabaseBusy,
@@ -77,6 +78,10 @@ from tritask.tasks.store import (
     RequestAuthority,
     Scope,
     StaleLease,
+    StoredTask,
+    TaskInspection,
+    TaskListing,
+    TaskQuery,
     Transition,
     UnauthorizedAction,
     Unavailable,
@@ -84,11 +89,14 @@ from tritask.tasks.store import (
     check_audit_page,
     check_create_access,
     check_limit,
+    check_operator_action,
     check_owner,
     check_positive_int,
     check_positive_ms,
+    check_task_query,
     check_transition_arguments,
     decode_ledger,
+    listing_page,
     new_access,
     require_scope,
 )
@@ -239,6 +247,15 @@ def _validate_ledger(row: _Row, rows: list[tuple[Any, ...]]) -> list[LedgerEntry
     """The task's whole ledger (rows of ``_LEDGER_COLUMNS``), validated against itself and the
     record."""
     return decode_ledger(row.snapshot, (values[1:] for values in rows))
+
+
+_SCOPE_HEAD: Final = '{"value":'
+_SCOPE_TAIL: Final = ',"version":1}'
+
+
+def _scope_key(row: _Row) -> str:
+    """The scope key of a decoded row (its scope text is checked to be the wrapper)."""
+    return row.scope[len(_SCOPE_HEAD) : -len(_SCOPE_TAIL)]
 
 
 def _same_event(stored: str, event_json: str, event: Event) -> bool:
@@ -1024,6 +1041,89 @@ class PostgresStore:
 
         return await self._run(run)
 
+    # -- operators (ListsTasks) ---------------------------------------------------------------
+
+    @staticmethod
+    def _stored(row: _Row, now: int) -> StoredTask:
+        claim = None
+        if row.claim_owner is not None and row.claim_expires_at is not None:
+            claim = ClaimInfo(
+                owner_id=row.claim_owner,
+                generation=row.generation,
+                expires_at=row.claim_expires_at,
+                live=now < row.claim_expires_at,
+            )
+        return StoredTask(
+            snapshot=row.snapshot,
+            scope=_scope_key(row),
+            generation=row.generation,
+            claim=claim,
+            expired=row.expired(now),
+        )
+
+    async def list_tasks(self, query: TaskQuery) -> TaskListing:
+        """A page of every stored task, across scopes: one read-only snapshot, no locks."""
+        self._opened()
+        query = check_task_query(query)
+        params = {
+            "statuses": sorted(s.value for s in query.statuses) if query.statuses else None,
+            "scope": None if query.scope is None else _scope_text(query.scope),
+            "before": query.created_before,
+            "after_at": None if query.after is None else query.after.created_at,
+            "after_id": None if query.after is None else query.after.task_id,
+            "tool": query.tool,
+            "limit": query.limit + 1,
+        }
+
+        async def run(session: Session) -> TaskListing:
+            async with session.transaction():
+                _, clock, found = await session.pipeline(
+                    (self._q.read_only, None),
+                    (self._q.now, self._params()),
+                    (self._q.list_page, params),
+                )
+            now = int(clock.rows[0][0])
+            tasks = (self._stored(_decode_row(values), now) for values in found.rows)
+            return listing_page(now, query, tasks)
+
+        return await self._run(run)
+
+    async def inspect_task(self, task_id: str) -> TaskInspection | NotFound:
+        """The task and its validated ledger from one read-only snapshot (expired ones too)."""
+        self._opened()
+
+        async def run(session: Session) -> TaskInspection | NotFound:
+            async with session.transaction():
+                _, read, ledger_rows = await session.pipeline(
+                    (self._q.read_only, None),
+                    (self._q.read, self._params(task_id=task_id)),
+                    (self._q.ledger, {"ids": [task_id]}),
+                )
+            values = read.fetchone()
+            ledger = ledger_rows.rows
+            assert values is not None
+            now = int(values[0])
+            if values[1] is None:
+                return NOT_FOUND
+            row = _decode_row(values[1:])
+            entries = tuple(_validate_ledger(row, ledger))
+            return TaskInspection(now=now, task=self._stored(row, now), ledger=entries)
+
+        return await self._run(run)
+
+    async def operator_access(self, task_id: str, action: Action) -> Access | NotFound:
+        """An access in the task's own scope (see ``ListsTasks``)."""
+        _, store_id = self._opened()
+        action = check_operator_action(task_id, action)
+
+        async def run(session: Session) -> Access | NotFound:
+            _, row = await self._read(session, task_id)
+            if row is None:
+                return NOT_FOUND
+            return Access(store_id=store_id, action=action, task_id=task_id, scope=_scope_key(row))
+
+        return await self._run(run)
+
     # -- wake-ups -----------------------------------------------------------------------------
 
     def wakeups(self) -> AsyncGenerator[Wakeup, None]:
@@ -1084,6 +1184,19 @@ class _Queries:
         self.ledger = q(
             "SELECT " + _LEDGER_COLUMNS + " FROM {e} WHERE task_id = ANY(%(ids)s::text[])"
             " ORDER BY task_id, event_revision"
+        )
+        # An operator's page: every filter is a parameter that is NULL when unused.
+        self.list_page = q(
+            "SELECT " + cols + " FROM {t} t"
+            " WHERE (%(statuses)s::text[] IS NULL OR t.status = ANY(%(statuses)s::text[]))"
+            " AND (%(scope)s::text IS NULL OR t.scope = %(scope)s::text)"
+            " AND (%(before)s::bigint IS NULL OR t.created_at_us < %(before)s::bigint)"
+            " AND (%(after_at)s::bigint IS NULL"
+            " OR (t.created_at_us, t.task_id) > (%(after_at)s::bigint, %(after_id)s::text))"
+            " AND (%(tool)s::text IS NULL OR (t.record->'work'->>'type' = 'tools/call'"
+            " AND json_typeof(t.record->'work'->'input'->'name') = 'string'"
+            " AND t.record->'work'->'input'->>'name' = %(tool)s::text))"
+            " ORDER BY t.created_at_us, t.task_id LIMIT %(limit)s::bigint"
         )
         self.audit_page = q(
             "SELECT " + cols + " FROM {t} t WHERE t.task_id > %(after)s"

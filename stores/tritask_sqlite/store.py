@@ -101,6 +101,7 @@ from tritask.tasks.store import (
     Authority,
     CapacityExceeded,
     Claimed,
+    ClaimInfo,
     Conflict,
     CorruptStore,
     DatabaseBusy,
@@ -113,7 +114,11 @@ from tritask.tasks.store import (
     RequestAuthority,
     Scope,
     StaleLease,
+    StoredTask,
     StoreError,
+    TaskInspection,
+    TaskListing,
+    TaskQuery,
     Transition,
     UnauthorizedAction,
     Unavailable,
@@ -121,11 +126,14 @@ from tritask.tasks.store import (
     check_audit_page,
     check_create_access,
     check_limit,
+    check_operator_action,
     check_owner,
     check_positive_int,
     check_positive_ms,
+    check_task_query,
     check_transition_arguments,
     decode_ledger,
+    listing_page,
     new_access,
     require_scope,
 )
@@ -210,6 +218,18 @@ _WRITE_RELEASING = (
 _SELECT_SEEN = (
     f"SELECT {_COLUMNS}, EXISTS (SELECT 1 FROM tritask_task_events e"
     " WHERE e.task_id = t.task_id AND e.event_id = ?) FROM tritask_tasks t WHERE t.task_id = ?"
+)
+#: An operator's page of tasks (``ListsTasks.list_tasks``): every filter is a parameter that
+#: is NULL when unused, so this is one statement, whatever the query.
+_LIST = (
+    f"{_SELECT} WHERE (:statuses IS NULL OR status IN (SELECT value FROM json_each(:statuses)))"
+    " AND (:scope IS NULL OR scope = :scope)"
+    " AND (:before IS NULL OR created_at_us < :before)"
+    " AND (:after_at IS NULL OR (created_at_us, task_id) > (:after_at, :after_id))"
+    " AND (:tool IS NULL OR (json_extract(record, '$.work.type') = 'tools/call'"
+    "      AND json_type(record, '$.work.input.name') = 'text'"
+    "      AND json_extract(record, '$.work.input.name') = :tool))"
+    " ORDER BY created_at_us, task_id LIMIT :limit"
 )
 _CLEAR_CLAIM = (
     "UPDATE tritask_tasks SET claim_owner = NULL, claim_token = NULL,"
@@ -426,7 +446,9 @@ class SqliteStore:
     ``exclusive`` (lock the file to this process and advance the boot epoch),
     ``synchronous`` (``"FULL"``: a commit survives power loss; ``"NORMAL"``: faster, survives
     application crashes), ``busy_timeout_ms`` (how long a write waits for another process's
-    writer), ``reap_batch_size`` (aggregates deleted per :meth:`reap`).
+    writer), ``reap_batch_size`` (aggregates deleted per :meth:`reap`), ``create`` (``False``:
+    open only an existing store, never make one, e.g. for the operator commands, which must
+    not leave a new database behind a mistyped path).
     """
 
     def __init__(
@@ -441,8 +463,12 @@ class SqliteStore:
         max_tasks: int | None = 10_000,
         max_active_tasks_per_scope: int | None = 100,
         reap_batch_size: int = 500,
+        create: bool = True,
     ) -> None:
         self._path = _database_path(path)
+        if not isinstance(create, bool):
+            raise TypeError("create must be a bool")
+        self._create = create
         self._scope = require_scope(scope, store="SqliteStore")
         if clock is not None and not callable(clock):
             raise TypeError("clock must be None (the database clock) or a callable returning µs")
@@ -511,6 +537,8 @@ class SqliteStore:
         return f"sqlite:{self._store_uuid}/{epoch}"
 
     def _open_sync(self) -> tuple[sqlite3.Connection, int | None, schema.SchemaInfo]:
+        if not self._create and not os.path.isfile(self._path):
+            raise schema.StoreSchemaError(f"no tritask store at {self._path!r}: no such file")
         lock_fd = _lock_file(self._path, exclusive=self._exclusive)
         conn: sqlite3.Connection | None = None
         try:
@@ -521,7 +549,11 @@ class SqliteStore:
                 check_same_thread=False,
             )
             conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
-            schema.inspect(conn, self._path)  # read-only: refuse before writing anything
+            found = schema.inspect(conn, self._path)  # read-only: refuse before writing anything
+            if found is None and not self._create:
+                raise schema.StoreSchemaError(
+                    f"no tritask store at {self._path!r}: the file is an empty database"
+                )
             conn.execute("PRAGMA foreign_keys = ON")
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
             mode = self._enter_wal(conn)
@@ -1409,6 +1441,79 @@ class SqliteStore:
                 findings=tuple(findings),
                 next_after=checked[-1] if len(checked) == limit else None,
             )
+
+        return await self._transact(body, write=False)
+
+    # -- operators (ListsTasks) ---------------------------------------------------------------
+
+    def _stored(self, row: _Row, now: int) -> StoredTask:
+        claim = row.claim
+        return StoredTask(
+            snapshot=row.snapshot,
+            scope=row.scope,
+            generation=row.generation,
+            claim=None
+            if claim is None
+            else ClaimInfo(
+                owner_id=claim.owner_id,
+                generation=claim.generation,
+                expires_at=claim.expires_at,
+                live=self._live(claim, now),
+            ),
+            expired=_expired(row.snapshot, now),
+        )
+
+    async def list_tasks(self, query: TaskQuery) -> TaskListing:
+        """A page of every stored task, across scopes, in one read transaction."""
+        self._ensure_open()
+        query = check_task_query(query)
+        params = {
+            "statuses": json.dumps(sorted(s.value for s in query.statuses))
+            if query.statuses
+            else None,
+            "scope": None if query.scope is None else _scope_text(query.scope),
+            "before": query.created_before,
+            "after_at": None if query.after is None else query.after.created_at,
+            "after_id": None if query.after is None else query.after.task_id,
+            "tool": query.tool,
+            "limit": query.limit + 1,
+        }
+
+        def body(conn: sqlite3.Connection, now: int) -> TaskListing:
+            rows = conn.execute(_LIST, params).fetchall()
+            return listing_page(now, query, (self._stored(self._decode(raw), now) for raw in rows))
+
+        return await self._transact(body, write=False)
+
+    async def inspect_task(self, task_id: str) -> TaskInspection | NotFound:
+        """The task and its validated ledger, in one read transaction (expired ones too)."""
+        self._ensure_open()
+
+        def body(conn: sqlite3.Connection, now: int) -> TaskInspection | NotFound:
+            row = self._load(conn, task_id)
+            if row is None:
+                return NOT_FOUND
+            ledger = tuple(self._ledger(conn, row))
+            return TaskInspection(now=now, task=self._stored(row, now), ledger=ledger)
+
+        return await self._transact(body, write=False)
+
+    async def operator_access(self, task_id: str, action: Action) -> Access | NotFound:
+        """An access in the task's own scope (see ``ListsTasks``)."""
+        self._ensure_open()
+        action = check_operator_action(task_id, action)
+
+        def body(conn: sqlite3.Connection, now: int) -> Access | NotFound:
+            raw = conn.execute(
+                "SELECT scope FROM tritask_tasks WHERE task_id = ?", (task_id,)
+            ).fetchone()
+            if raw is None:
+                return NOT_FOUND
+            try:
+                scope = _scope_key(raw[0])
+            except (ValueError, TypeError) as exc:
+                raise CorruptStore(task_id, str(exc)) from exc
+            return Access(store_id=self._id, action=action, task_id=task_id, scope=scope)
 
         return await self._transact(body, write=False)
 

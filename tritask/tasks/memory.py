@@ -49,6 +49,7 @@ from tritask.tasks.store import (
     Authority,
     CapacityExceeded,
     Claimed,
+    ClaimInfo,
     Conflict,
     Deferred,
     EventIdReused,
@@ -59,15 +60,22 @@ from tritask.tasks.store import (
     RequestAuthority,
     Scope,
     StaleLease,
+    StoredTask,
+    TaskInspection,
+    TaskListing,
+    TaskQuery,
     Transition,
     UnauthorizedAction,
     Unavailable,
     WorkerAuthority,
     check_create_access,
     check_limit,
+    check_operator_action,
     check_owner,
     check_positive_ms,
+    check_task_query,
     check_transition_arguments,
+    listing_page,
     new_access,
     require_scope,
 )
@@ -523,6 +531,57 @@ class MemoryStore:
             attrs.evolve(item, event=attrs.evolve(item.event), effects=attrs.evolve(item.effects))
             for item in entry.history
         ]
+
+    # -- operators (ListsTasks) ---------------------------------------------------------------
+
+    def _stored(self, entry: _Entry, now: int) -> StoredTask:
+        claim = entry.claim
+        return StoredTask(
+            snapshot=clone_snapshot(entry.snapshot),
+            scope=entry.scope,
+            generation=entry.generation,
+            claim=None
+            if claim is None
+            else ClaimInfo(
+                owner_id=claim.owner_id,
+                generation=claim.generation,
+                expires_at=claim.expires_at,
+                live=now < claim.expires_at,
+            ),
+            expired=entry.expired(now),
+        )
+
+    async def list_tasks(self, query: TaskQuery) -> TaskListing:
+        """A page of every task held, across scopes (an operator's read: a scan, in order)."""
+        now = await self._enter()
+        query = check_task_query(query)
+        ordered = sorted(
+            self._entries.values(),
+            key=lambda e: (e.snapshot.task.created_at, e.snapshot.task.id),
+        )
+        matching = (
+            stored
+            for stored in (self._stored(entry, now) for entry in ordered)
+            if query.matches(stored)
+        )
+        return listing_page(now, query, matching)
+
+    async def inspect_task(self, task_id: str) -> TaskInspection | NotFound:
+        now = await self._enter()
+        entry = self._entries.get(task_id)
+        if entry is None:
+            return NOT_FOUND
+        return TaskInspection(
+            now=now, task=self._stored(entry, now), ledger=tuple(self.history(task_id))
+        )
+
+    async def operator_access(self, task_id: str, action: Action) -> Access | NotFound:
+        await self._enter()
+        action = check_operator_action(task_id, action)
+        entry = self._entries.get(task_id)
+        if entry is None:
+            return NOT_FOUND
+        return Access(store_id=self._id, action=action, task_id=task_id, scope=entry.scope)
 
     # -- scheduling ---------------------------------------------------------------------------
 

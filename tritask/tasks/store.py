@@ -39,13 +39,15 @@ from typing import (
 import attrs
 
 from tritask.tasks.events import Effects, Event, EventKind, effects_from_json
-from tritask.tasks.model import CorruptRecord, Snapshot, Task
+from tritask.tasks.model import CorruptRecord, Snapshot, Task, TaskStatus
 from tritask.tasks.reducer import DuplicateInputKey
 from tritask.tasks.work import InvalidJSON, Work, canonical_json
 
 __all__ = [
     "MAX_AUDIT_PAGE",
+    "MAX_LIST_PAGE",
     "NOT_FOUND",
+    "OPERATOR_ACTIONS",
     "REQUEST_KINDS",
     "SETTLE_KINDS",
     "SHARED_SCOPE_KEY",
@@ -58,6 +60,7 @@ __all__ = [
     "AuditPage",
     "Authority",
     "CapacityExceeded",
+    "ClaimInfo",
     "Claimed",
     "Conflict",
     "CorruptStore",
@@ -71,6 +74,7 @@ __all__ = [
     "InvalidTask",
     "Lease",
     "LedgerEntry",
+    "ListsTasks",
     "NotFound",
     "RequestAuthority",
     "Scope",
@@ -79,6 +83,11 @@ __all__ = [
     "StampsCreation",
     "Store",
     "StoreError",
+    "StoredTask",
+    "TaskCursor",
+    "TaskInspection",
+    "TaskListing",
+    "TaskQuery",
     "Transition",
     "Unauthorized",
     "UnauthorizedAction",
@@ -87,16 +96,21 @@ __all__ = [
     "check_audit_page",
     "check_create_access",
     "check_limit",
+    "check_operator_action",
     "check_owner",
     "check_positive_int",
     "check_positive_ms",
+    "check_task_query",
     "check_transition_arguments",
     "decode_ledger",
+    "listing_page",
+    "lists_tasks",
     "new_access",
     "require_scope",
     "resolve_scope",
     "settles",
     "stamps_creation",
+    "work_tool",
 ]
 
 
@@ -130,6 +144,10 @@ SETTLE_KINDS: Final = frozenset({EventKind.RETRY_REQUESTED, EventKind.COMPLETED,
 """The worker events that end an attempt, the only ones :class:`Settles` accepts."""
 MAX_AUDIT_PAGE: Final = 10_000
 """The largest page a durable store's ``audit(limit=...)`` checks in one call."""
+MAX_LIST_PAGE: Final = 10_000
+"""The largest page :meth:`ListsTasks.list_tasks` returns in one call."""
+OPERATOR_ACTIONS: Final = frozenset({Action.GET, Action.UPDATE, Action.CANCEL})
+"""The actions :meth:`ListsTasks.operator_access` grants (an operator never creates tasks)."""
 
 
 # -- errors -------------------------------------------------------------------------------------
@@ -320,6 +338,175 @@ class AuditPage:
     checked: tuple[str, ...]
     findings: tuple[AuditFinding, ...]
     next_after: str | None
+
+
+# -- operator values (the optional ListsTasks capability) -----------------------------------
+
+
+def work_tool(work: Work | None) -> str | None:
+    """The tool a task runs: the ``name`` of ``tools/call`` work (``None`` for other work)."""
+    if work is None or work.type != "tools/call":
+        return None
+    name = work.input.get("name")
+    return name if isinstance(name, str) else None
+
+
+@attrs.frozen(order=True)
+class TaskCursor:
+    """Where a listing page ended: tasks are listed by ``(created_at, task_id)``."""
+
+    created_at: int
+    task_id: str
+
+
+def _statuses(value: Iterable[TaskStatus | str]) -> frozenset[TaskStatus]:
+    if isinstance(value, str):
+        raise TypeError("statuses must be a collection of statuses, not one string")
+    return frozenset(TaskStatus(status) for status in value)
+
+
+def _canonical_scope(_inst: object, _attr: object, value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str):
+        raise TypeError("scope must be a scope key (canonical JSON text) or None")
+    try:
+        canonical = canonical_json(json.loads(value))
+    except (ValueError, InvalidJSON):
+        canonical = None
+    if canonical != value:
+        raise ValueError(f"scope {value!r} is not canonical JSON (use canonical_json(value))")
+
+
+def _optional_instant(_inst: object, attr: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and (type(value) is not int or value < 0):
+        raise ValueError(f"{attr.name} must be an instant (int µs >= 0) or None")
+
+
+def _page_limit(_inst: object, _attr: object, value: Any) -> None:
+    if type(value) is not int or not 1 <= value <= MAX_LIST_PAGE:
+        raise ValueError(f"limit must be an int in 1..{MAX_LIST_PAGE}")
+
+
+def _optional_cursor(_inst: object, _attr: object, value: Any) -> None:
+    if value is not None and not isinstance(value, TaskCursor):
+        raise TypeError("after must be a TaskCursor (a listing's next_after) or None")
+
+
+@attrs.frozen(kw_only=True)
+class TaskQuery:
+    """Which stored tasks an operator lists: every filter given must hold (empty: all tasks).
+
+    ``statuses`` (any of them), ``tool`` (the ``tools/call`` tool name, see :func:`work_tool`),
+    ``scope`` (a scope key: the canonical JSON text of the scope value, ``"null"`` under
+    ``scope="shared"``), ``created_before`` (µs, exclusive). Pages hold at most ``limit`` tasks
+    in ``(created_at, task_id)`` order, starting after the cursor ``after``.
+    """
+
+    statuses: frozenset[TaskStatus] = attrs.field(default=frozenset(), converter=_statuses)
+    tool: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(str))
+    )
+    scope: str | None = attrs.field(default=None, validator=_canonical_scope)
+    created_before: int | None = attrs.field(default=None, validator=_optional_instant)
+    limit: int = attrs.field(default=100, validator=_page_limit)
+    after: TaskCursor | None = attrs.field(default=None, validator=_optional_cursor)
+
+    def matches(self, task: StoredTask) -> bool:
+        """The filters, as every store must apply them (the reference for SQL versions)."""
+        created_at = task.snapshot.task.created_at
+        return (
+            (not self.statuses or task.snapshot.task.status in self.statuses)
+            and (self.tool is None or task.tool == self.tool)
+            and (self.scope is None or task.scope == self.scope)
+            and (self.created_before is None or created_at < self.created_before)
+            and (self.after is None or task.cursor > self.after)
+        )
+
+
+@attrs.frozen(kw_only=True)
+class ClaimInfo:
+    """What an operator may know of a task's claim: never its token, which is the authority."""
+
+    owner_id: str
+    generation: int
+    expires_at: int
+    live: bool
+    """Whether the claim still holds at the listing's ``now`` (the store decides: a SQLite
+    claim of an earlier boot epoch is dead before it expires)."""
+
+
+@attrs.frozen(kw_only=True)
+class StoredTask:
+    """One task as the store holds it: the record, its scope key, its lease bookkeeping."""
+
+    snapshot: Snapshot
+    scope: str
+    generation: int
+    """The lease generation: how many claims the task has had."""
+    claim: ClaimInfo | None
+    expired: bool
+    """Its TTL has passed: requests no longer see it, and the next reap deletes it."""
+
+    @property
+    def task_id(self) -> str:
+        return self.snapshot.task.id
+
+    @property
+    def tool(self) -> str | None:
+        return work_tool(self.snapshot.work)
+
+    @property
+    def cursor(self) -> TaskCursor:
+        return TaskCursor(self.snapshot.task.created_at, self.snapshot.task.id)
+
+
+@attrs.frozen(kw_only=True)
+class TaskListing:
+    """One page of :meth:`ListsTasks.list_tasks`, read at the store's ``now``; ``next_after``
+    is the cursor of the next page (``None`` on the last one)."""
+
+    now: int
+    tasks: tuple[StoredTask, ...]
+    next_after: TaskCursor | None
+
+
+@attrs.frozen(kw_only=True)
+class TaskInspection:
+    """One task with its whole ledger, read in one step at the store's ``now``."""
+
+    now: int
+    task: StoredTask
+    ledger: tuple[LedgerEntry, ...]
+
+
+def check_task_query(query: object) -> TaskQuery:
+    if not isinstance(query, TaskQuery):
+        raise TypeError("list_tasks needs a TaskQuery")
+    return query
+
+
+def check_operator_action(task_id: object, action: object) -> Action:
+    """The arguments of :meth:`ListsTasks.operator_access`."""
+    if not isinstance(task_id, str) or not task_id:
+        raise ValueError("a non-empty task id is required")
+    action = Action(action)  # type: ignore[arg-type]
+    if action not in OPERATOR_ACTIONS:
+        raise UnauthorizedAction(f"an operator access cannot {action.value} (get, update, cancel)")
+    return action
+
+
+def listing_page(now: int, query: TaskQuery, candidates: Iterable[StoredTask]) -> TaskListing:
+    """A page from matching tasks in listing order, of which at most ``limit + 1`` are read:
+    the extra one only tells whether another page follows."""
+    tasks: list[StoredTask] = []
+    more = False
+    for task in candidates:
+        if len(tasks) == query.limit:
+            more = True
+            break
+        tasks.append(task)
+    return TaskListing(now=now, tasks=tuple(tasks), next_after=tasks[-1].cursor if more else None)
 
 
 # -- scope helpers ------------------------------------------------------------------------------
@@ -546,6 +733,37 @@ class StampsCreation(Protocol):
     ) -> Claimed: ...
 
 
+@runtime_checkable
+class ListsTasks(Protocol):
+    """A store that lets an operator see and act on every task it holds, across scopes.
+
+    This is operator authority: whoever holds the store object (and so its database) may use
+    it. It is never reachable from a request: the Tasks extension serves ``tasks/*`` through
+    :meth:`Store.authorize` only, and nothing in the MCP surface lists tasks. ``tritask tasks``
+    (list, show, stats, cancel) is built on it.
+
+    * ``list_tasks(query)`` pages through the stored tasks matching a :class:`TaskQuery`, in
+      ``(created_at, task_id)`` order, expired-but-unreaped ones included (flagged), read on
+      the store's clock in one consistent step per page;
+    * ``inspect_task(task_id)`` reads one task and its whole ledger in one step
+      (``NOT_FOUND`` only when the store holds no such task: expiry does not hide it);
+    * ``operator_access(task_id, action)`` is an :class:`Access` for ``get``, ``update`` or
+      ``cancel`` in the task's own scope (``NOT_FOUND`` when the store holds no such task), so
+      an operator's cancellation is the same compare-and-set transition, recorded in the same
+      ledger, announced by the same wake-ups, as a client's ``tasks/cancel``: the store stays
+      the authority and no row is written behind its back.
+
+    Detected on the store's class (:func:`lists_tasks`), for the reason given under
+    :class:`Settles`.
+    """
+
+    async def list_tasks(self, query: TaskQuery) -> TaskListing: ...
+
+    async def inspect_task(self, task_id: str) -> TaskInspection | NotFound: ...
+
+    async def operator_access(self, task_id: str, action: Action) -> Access | NotFound: ...
+
+
 def _class_offers(store: object, name: str) -> bool:
     return callable(getattr(type(store), name, None))
 
@@ -558,6 +776,13 @@ def settles(store: object) -> TypeGuard[Settles]:
 def stamps_creation(store: object) -> TypeGuard[StampsCreation]:
     """Whether ``store``'s class offers :class:`StampsCreation`."""
     return _class_offers(store, "create_claimed_stamped")
+
+
+def lists_tasks(store: object) -> TypeGuard[ListsTasks]:
+    """Whether ``store``'s class offers :class:`ListsTasks` (all three of its methods)."""
+    return all(
+        _class_offers(store, name) for name in ("list_tasks", "inspect_task", "operator_access")
+    )
 
 
 # -- the protocol -------------------------------------------------------------------------------

@@ -52,6 +52,7 @@ from tritask.tasks.store import (
     AlreadyExists,
     CapacityExceeded,
     Claimed,
+    ClaimInfo,
     Conflict,
     CreatesClaimed,
     Deferred,
@@ -64,14 +65,20 @@ from tritask.tasks.store import (
     Scope,
     StaleLease,
     Store,
+    StoredTask,
+    TaskCursor,
+    TaskInspection,
+    TaskListing,
+    TaskQuery,
     Transition,
     Unauthorized,
     UnauthorizedAction,
     WorkerAuthority,
+    lists_tasks,
     settles,
     stamps_creation,
 )
-from tritask.tasks.work import RetryPolicy, Work
+from tritask.tasks.work import RetryPolicy, Work, canonical_json
 
 __all__ = ["START", "ManualClock", "StoreContract", "by_tenant", "tenant"]
 
@@ -1133,3 +1140,188 @@ class StoreContract:
             assert await store.get("task-1", get) == done.snapshot
             await self.advance(1)
             assert await store.get("task-1", get) is NOT_FOUND
+
+    # -- optional capability: operators (list_tasks, inspect_task, operator_access) -----------
+
+    @staticmethod
+    async def tool_task(
+        store: Store,
+        task_id: str,
+        ctx: object,
+        tool: str,
+        *,
+        policy: RetryPolicy | None = None,
+    ) -> Snapshot:
+        access = await store.authorize(ctx, Action.CREATE, task_id)
+        task = new_task(task_id, await store.now(), 60_000, 5)
+        return await store.create(task, Work.tool_call(task_id, tool, {"n": 1}, policy), access)
+
+    async def test_list_tasks_filters_pages_and_shows_claims(self) -> None:
+        """``list_tasks`` sees every scope, in ``(created_at, task_id)`` order, with exact
+        filters, cursors that resume exactly, and the store's verdict on claims and expiry."""
+        async with self.store() as store:
+            ops = store if lists_tasks(store) else None
+            if ops is None:
+                pytest.skip("the store does not offer list_tasks")
+            await self.tool_task(store, "task-2", A, "echo")
+            await self.tool_task(store, "task-1", B, "slow")
+            await self.advance(1000)
+            await self.tool_task(store, "task-3", A, "echo")
+            await self.advance(1000)
+            await self.create(store, "task-4", C)  # not tools/call work: no tool
+            claimed = await self.claimed(store, "task-2", "owner-1")
+            done = WorkerAuthority(await self.claimed(store, "task-3", "owner-2"))
+            await self.applied(store, "task-3", 0, Event.completed({"ok": True}), done)
+            await store.release(done.lease)
+            cancel = await self.request(store, B, Action.CANCEL, "task-1")
+            await self.applied(store, "task-1", 0, Event.cancelled(), cancel)
+
+            async def ids(**query: Any) -> list[str]:
+                listing = await ops.list_tasks(TaskQuery(**query))
+                return [task.task_id for task in listing.tasks]
+
+            everything = await ops.list_tasks(TaskQuery())
+            assert isinstance(everything, TaskListing)
+            assert everything.now == START + 2_000_000
+            assert everything.next_after is None
+            assert [t.task_id for t in everything.tasks] == ["task-1", "task-2", "task-3", "task-4"]
+            by_id = {task.task_id: task for task in everything.tasks}
+            get = await store.authorize(A, Action.GET, "task-2")
+            assert by_id["task-2"] == StoredTask(
+                snapshot=await store.get("task-2", get),  # type: ignore[arg-type]
+                scope=canonical_json("tenant-a"),
+                generation=1,
+                claim=ClaimInfo(
+                    owner_id="owner-1",
+                    generation=1,
+                    expires_at=claimed.expires_at,
+                    live=True,
+                ),
+                expired=False,
+            )
+            assert by_id["task-2"].tool == "echo"
+            assert (by_id["task-1"].generation, by_id["task-1"].claim) == (0, None)
+            assert by_id["task-1"].snapshot.task.status is TaskStatus.CANCELLED
+            assert (by_id["task-3"].generation, by_id["task-3"].claim) == (1, None)
+            assert by_id["task-3"].snapshot.task.status is TaskStatus.COMPLETED
+            assert (by_id["task-4"].tool, by_id["task-4"].scope) == (
+                None,
+                canonical_json("tenant-c"),
+            )
+
+            assert await ids(statuses={TaskStatus.WORKING}) == ["task-2", "task-4"]
+            assert await ids(statuses={"completed", "cancelled"}) == ["task-1", "task-3"]
+            assert await ids(statuses={TaskStatus.INPUT_REQUIRED}) == []
+            assert await ids(tool="echo") == ["task-2", "task-3"]
+            assert await ids(tool="slow") == ["task-1"]
+            assert await ids(tool="contract") == []
+            assert await ids(scope=canonical_json("tenant-a")) == ["task-2", "task-3"]
+            assert await ids(scope=canonical_json("tenant-z")) == []
+            assert await ids(created_before=START + 1) == ["task-1", "task-2"]
+            assert await ids(created_before=START) == []
+            assert await ids(tool="echo", statuses={"working"}) == ["task-2"]
+
+            first = await ops.list_tasks(TaskQuery(limit=3))
+            assert [t.task_id for t in first.tasks] == ["task-1", "task-2", "task-3"]
+            assert first.next_after == TaskCursor(START + 1_000_000, "task-3")
+            rest = await ops.list_tasks(TaskQuery(limit=3, after=first.next_after))
+            assert ([t.task_id for t in rest.tasks], rest.next_after) == (["task-4"], None)
+            pair = await ops.list_tasks(TaskQuery(limit=2))
+            assert pair.next_after == TaskCursor(START, "task-2")
+            second = await ops.list_tasks(TaskQuery(limit=2, after=pair.next_after))
+            assert ([t.task_id for t in second.tasks], second.next_after) == (
+                ["task-3", "task-4"],
+                None,
+            )
+            assert await ids(limit=1, after=TaskCursor(START, "task-1"), tool="echo") == ["task-2"]
+
+            # The claim lapses on the store's clock; expired tasks are listed until reaped.
+            await self.advance(LEASE_MS)
+            lapsed = await ops.list_tasks(TaskQuery(tool="echo", statuses={"working"}))
+            (task,) = lapsed.tasks
+            assert task.claim == ClaimInfo(
+                owner_id="owner-1", generation=1, expires_at=claimed.expires_at, live=False
+            )
+            await self.advance(28_000)
+            aged = await ops.list_tasks(TaskQuery())
+            assert [(t.task_id, t.expired) for t in aged.tasks] == [
+                ("task-1", True),
+                ("task-2", True),
+                ("task-3", False),
+                ("task-4", False),
+            ]
+            assert await store.reap() == ["task-1", "task-2"]
+            assert await ids() == ["task-3", "task-4"]
+
+    async def test_inspect_task_reads_the_record_the_claim_and_the_ledger(self) -> None:
+        async with self.store() as store:
+            ops = store if lists_tasks(store) else None
+            if ops is None:
+                pytest.skip("the store does not offer inspect_task")
+            assert await ops.inspect_task("task-1") is NOT_FOUND
+            await self.tool_task(store, "task-1", A, "echo", policy=RetryPolicy([5000]))
+            lease = await self.claimed(store, "task-1", "owner-1")
+            worker = WorkerAuthority(lease)
+            update = await self.request(store, A, Action.UPDATE, "task-1")
+            asked = Event.input_requested("a", ASK)
+            answered = Event.input_responses_accepted({"a": {"action": "accept"}})
+            retry = Event.retry_requested(ERROR, "again")
+            commits = [
+                await self.applied(store, "task-1", 0, asked, worker),
+                await self.applied(store, "task-1", 1, answered, update),
+                await self.applied(store, "task-1", 2, retry, worker),
+            ]
+            inspection = await ops.inspect_task("task-1")
+            assert isinstance(inspection, TaskInspection)
+            assert inspection.now == await store.now()
+            stored = inspection.task
+            assert stored.snapshot == commits[-1].snapshot
+            assert stored.snapshot.retry_count == 1
+            assert stored.snapshot.retry_at == commits[-1].committed_at + 5_000_000
+            assert stored.claim == ClaimInfo(
+                owner_id="owner-1", generation=1, expires_at=lease.expires_at, live=True
+            )
+            assert [
+                (e.revision, e.event, e.committed_at, e.effects) for e in inspection.ledger
+            ] == [
+                (c.event_revision, event, c.committed_at, c.effects)
+                for c, event in zip(commits, (asked, answered, retry), strict=True)
+            ]
+            # Expiry hides the task from requests, not from its operator.
+            await self.advance(60_000)
+            get = await store.authorize(A, Action.GET, "task-1")
+            assert await store.get("task-1", get) is NOT_FOUND
+            expired = await ops.inspect_task("task-1")
+            assert isinstance(expired, TaskInspection)
+            assert expired.task.expired
+            assert expired.ledger == inspection.ledger
+
+    async def test_operator_access_is_an_access_in_the_tasks_own_scope(self) -> None:
+        """An operator's cancellation is an ordinary request transition: same access, same
+        compare-and-set, same ledger entry, seen by the running attempt through its lease."""
+        async with self.store() as store:
+            ops = store if lists_tasks(store) else None
+            if ops is None:
+                pytest.skip("the store does not offer operator_access")
+            await self.tool_task(store, "task-1", B, "slow")
+            lease = await self.claimed(store, "task-1")
+            assert await ops.operator_access("unknown", Action.CANCEL) is NOT_FOUND
+            with pytest.raises(UnauthorizedAction):
+                await ops.operator_access("task-1", Action.CREATE)
+            access = await ops.operator_access("task-1", Action.CANCEL)
+            assert access == await store.authorize(B, Action.CANCEL, "task-1")
+            cancel = Event.cancelled(id="operator-cancel")
+            result = await self.applied(store, "task-1", 0, cancel, RequestAuthority(access))
+            assert result.snapshot.task.status is TaskStatus.CANCELLED
+            assert await store.worker_snapshot("task-1", lease) == result.snapshot
+            inspection = await ops.inspect_task("task-1")
+            assert isinstance(inspection, TaskInspection)
+            assert [(e.revision, e.event) for e in inspection.ledger] == [(1, cancel)]
+            read = await ops.operator_access("task-1", Action.GET)
+            assert await store.get("task-1", read) == result.snapshot  # type: ignore[arg-type]
+        async with self.store(scope="shared") as shared:
+            shared_ops = shared if lists_tasks(shared) else None
+            assert shared_ops is not None
+            await self.create(shared, "task-1", None)
+            access = await shared_ops.operator_access("task-1", Action.UPDATE)
+            assert access == await shared.authorize(None, Action.UPDATE, "task-1")
