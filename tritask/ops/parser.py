@@ -52,6 +52,7 @@ _STATUS_GROUPS: dict[str, frozenset[TaskStatus]] = {
     "terminal": frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED}),
     **{status.value: frozenset({status}) for status in TaskStatus},
 }
+_ID_HELP = "the task id; one that starts with '-' goes after '--' (show --json -- -x1y2)"
 _DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d)?")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, None: 1000}
 
@@ -303,7 +304,7 @@ def add_operator_commands(
     show = commands.add_parser(
         "show", parents=[store], help="one task: record, lease, retries, input keys, ledger"
     )
-    show.add_argument("task_id", type=_task_id, metavar="ID")
+    show.add_argument("task_id", type=_task_id, metavar="ID", help=_ID_HELP)
     show.set_defaults(handler=_run, operation=_show)
 
     cancel = commands.add_parser(
@@ -312,7 +313,7 @@ def add_operator_commands(
         help="cancel a task (writes: the same transition as tasks/cancel; exit 0 when it is "
         "cancelled)",
     )
-    cancel.add_argument("task_id", type=_task_id, metavar="ID")
+    cancel.add_argument("task_id", type=_task_id, metavar="ID", help=_ID_HELP)
     cancel.set_defaults(handler=_run, operation=_cancel)
 
     stats = commands.add_parser(
