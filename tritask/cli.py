@@ -101,6 +101,16 @@ def _connection_limit(value: str) -> int | None:
     return number or None
 
 
+def _session_limit(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError("must be an integer") from error
+    if number < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return number
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tritask", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -138,6 +148,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="HTTP: open connections at most; at the cap new ones wait in the listen backlog "
         "(default 1000; 0 for no limit)",
+    )
+    serve.add_argument(
+        "--max-sessions",
+        type=_session_limit,
+        default=10_000,
+        metavar="N",
+        help="HTTP: initialize-era (2025) sessions held at once; past it initialize gets 503 "
+        "(default 10000)",
+    )
+    serve.add_argument(
+        "--session-idle",
+        type=_positive_float,
+        default=1800.0,
+        metavar="SECONDS",
+        help="HTTP: end an initialize-era session unused this long (default 1800)",
     )
     serve.add_argument("--log-level", default=os.environ.get("TRITASK_LOG_LEVEL", "INFO"))
     from tritask.migrate import add_migrate_command
@@ -181,6 +206,8 @@ async def serve(args: argparse.Namespace) -> None:
     options = HttpOptions(
         allowed_hosts=allowed_hosts,
         allowed_origins=tuple(args.allow_origin) or None,
+        max_sessions=args.max_sessions,
+        session_idle_seconds=args.session_idle,
     )
 
     async def shutdown_trigger() -> None:

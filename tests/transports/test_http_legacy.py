@@ -13,6 +13,9 @@ from __future__ import annotations
 import functools
 import json
 import re
+import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -22,6 +25,7 @@ import pytest
 import trio
 from test_http import Raw, header
 
+from tritask.cli import build_parser
 from tritask.protocol.meta import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY
 from tritask.server import App, Context
 from tritask.server.mrtr import InputRequired, elicitation
@@ -552,6 +556,18 @@ async def test_a_2025_06_18_stream_has_no_priming_and_no_retry(server: Server) -
     assert [event.retry for event in events] == [None]
     assert [event.message["result"]["content"][0]["text"] for event in events] == ["x"]
     assert EVENT_ID.match(events[0].id or "")
+    with trio.fail_after(10):
+        async with client.get() as stream:
+            standalone = iter_events(stream)
+            await client.call(2, "touch", arguments={"uri": "test://x"})
+            first = await standalone.__anext__()
+    assert first.retry is None
+    assert first.message == {
+        "jsonrpc": "2.0",
+        "method": "notifications/tools/list_changed",
+        "params": {},
+    }
+    assert (first.id or "").startswith("0-")
 
 
 async def test_the_session_log_level_filters_notifications(server: Server) -> None:
@@ -969,3 +985,71 @@ async def test_inline_without_a_running_transport(app: App) -> None:
         reply = await call([*base, (b"mcp-session-id", session)], called)
     body = b"".join(message.get("body", b"") for message in reply[1:])
     assert messages(parse_events(body.decode()))[-1]["result"]["content"][0]["text"] == "inline"
+
+
+# -- the command line ----------------------------------------------------------------------------
+
+
+def test_the_session_flags_parse_and_refuse_nonsense(capsys: pytest.CaptureFixture[str]) -> None:
+    args = build_parser().parse_args(["serve", "--max-sessions", "3", "--session-idle", "60"])
+    assert (args.max_sessions, args.session_idle) == (3, 60.0)
+    args = build_parser().parse_args(["serve"])
+    assert (args.max_sessions, args.session_idle) == (10_000, 1800.0)
+    for bad in (["--max-sessions", "0"], ["--max-sessions", "x"], ["--session-idle", "0"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["serve", *bad])
+    assert "must be" in capsys.readouterr().err
+
+
+async def test_tritask_serve_applies_the_session_limit() -> None:
+    command = [sys.executable, "-m", "tritask", "serve", "--http", "127.0.0.1:0"]
+    command += ["--store", "memory:", "--max-sessions", "1"]
+    init = json.dumps(rpc(0, "initialize", protocolVersion=V1125, capabilities={})).encode()
+    headers = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+    async with trio.open_nursery() as nursery:
+        process: trio.Process = await nursery.start(
+            functools.partial(trio.run_process, command, stderr=subprocess.PIPE, check=False)
+        )
+        try:
+            with trio.fail_after(60):  # a hang guard, not a measurement
+                assert process.stderr is not None
+                seen = b""
+                while b"/mcp\n" not in seen:
+                    chunk = await process.stderr.receive_some(4096)
+                    assert chunk, seen
+                    seen += chunk
+                url = seen.split(b"on ", 1)[1].split(b"\n", 1)[0].decode()
+                async with httpx.AsyncClient(timeout=10) as http:
+                    first = await http.post(url, content=init, headers=headers)
+                    second = await http.post(url, content=init, headers=headers)
+            assert first.status_code == 200 and "mcp-session-id" in first.headers
+            assert second.status_code == 503
+            assert "at most 1" in second.json()["error"]["message"]
+        finally:
+            process.send_signal(signal.SIGINT)
+
+
+# -- under hypercorn -------------------------------------------------------------------------------
+
+
+async def test_a_session_under_hypercorn_survives_a_disconnect(app: App, probe: Probe) -> None:
+    """No request-watch extension there: the transport watches ``receive()`` itself."""
+    async with trio.open_nursery() as nursery, httpx.AsyncClient(timeout=10) as http:
+        urls = await nursery.start(
+            functools.partial(serve_http, app, "127.0.0.1", 0, server="hypercorn")
+        )
+        server = Server(urls[0], http, app)
+        client = await connected(server)
+        with trio.fail_after(10):
+            async with client.stream(rpc(1, "tools/call", name="wait", arguments={})) as response:
+                priming = await iter_events(response).__anext__()
+                await probe.started.wait()
+        probe.release.set()
+        with trio.fail_after(10):
+            await probe.finished.wait()
+            async with client.get(**{"last-event-id": priming.id}) as resumed:
+                replay = [event async for event in iter_events(resumed)]
+        assert not probe.cancelled.is_set()
+        assert messages(replay)[0]["result"]["content"][0]["text"] == "released"
+        assert (await client.delete()).status_code == 200
+        nursery.cancel_scope.cancel()

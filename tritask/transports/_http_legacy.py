@@ -537,8 +537,9 @@ class LegacyEndpoint:
         try:
             headers = [*_SSE_HEADERS, (SESSION_HEADER.encode("ascii"), entry.id.encode("ascii"))]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
-            if prelude:
-                await send({"type": "http.response.body", "body": prelude, "more_body": True})
+            # The priming event, or nothing: either way the headers go out now (a 2025-06-18
+            # stream may have nothing to say for a long time).
+            await send({"type": "http.response.body", "body": prelude, "more_body": True})
             with trio.CancelScope() as writing:
                 extensions = scope.get("extensions")
                 if extensions is not None and WATCH_EXTENSION in extensions:
