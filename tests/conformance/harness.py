@@ -46,7 +46,11 @@ MIN_NODE_MAJOR: Final = 22
 STATUSES: Final = ("SUCCESS", "FAILURE", "WARNING", "SKIPPED", "INFO")
 
 _READY = re.compile(r"tritask: serving Streamable HTTP on (?P<url>http://\S+)")
-_RESULT_DIR = re.compile(r"^server-(?P<scenario>.+)-\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}-\d{3}Z$")
+_TIMESTAMP = r"-\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}-\d{3}Z$"
+_RESULT_DIR = re.compile(r"^server-(?P<scenario>.+)" + _TIMESTAMP)
+_CLIENT_RESULT_DIR = re.compile(r"^(?P<scenario>.+)" + _TIMESTAMP)
+CLIENT_APP: Final = REPO_ROOT / "examples" / "conformance_client.py"
+CLIENT_SPEC_VERSION: Final = "2026-07-28"
 _SUMMARY_LINE = re.compile(
     r"^(?P<mark>[✓✗]) (?P<scenario>\S+): (?P<passed>\d+) passed, (?P<failed>\d+) failed$"
 )
@@ -436,11 +440,19 @@ class SuiteResult:
         return "\n".join(rows)
 
 
-def read_checks(output_dir: Path) -> dict[str, ScenarioResult]:
-    """Parse every ``server-<scenario>-<timestamp>/checks.json`` under ``output_dir``."""
+def read_checks(output_dir: Path, mode: str = "server") -> dict[str, ScenarioResult]:
+    """Parse every ``server-<scenario>-<timestamp>/checks.json`` under ``output_dir``.
+
+    In ``client`` mode the directories carry no prefix and a scenario named ``a/b`` (the
+    ``auth/…`` ones) is the nested directory ``a/b-<timestamp>``.
+    """
     results: dict[str, ScenarioResult] = {}
     for path in sorted(output_dir.rglob("checks.json")):
-        match = _RESULT_DIR.match(path.parent.name)
+        if mode == "client":
+            relative = path.parent.relative_to(output_dir).as_posix()
+            match = _CLIENT_RESULT_DIR.match(relative)
+        else:
+            match = _RESULT_DIR.match(path.parent.name)
         if match is None:
             raise HarnessError(f"unexpected result directory {path.parent}")
         scenario = match.group("scenario")
@@ -458,10 +470,13 @@ def parse_summary(
 ) -> tuple[tuple[SummaryLine, ...], str, int | None, int | None, dict[str, str]]:
     """The SUMMARY lines, the block's text, the ``Total:`` numbers and the not-scored list."""
     lines = stdout.splitlines()
-    try:
-        start = lines.index("=== SUMMARY ===")
-    except ValueError:
+    # A multi-scenario server run prints "=== SUMMARY ==="; a client run "=== SUITE SUMMARY ===".
+    starts = [
+        i for i, line in enumerate(lines) if line in ("=== SUMMARY ===", "=== SUITE SUMMARY ===")
+    ]
+    if not starts:
         return (), "", None, None, {}
+    start = starts[0]
     summary: list[SummaryLine] = []
     total_passed: int | None = None
     total_failed: int | None = None
@@ -548,10 +563,16 @@ def run_suite(
         )
     except subprocess.TimeoutExpired as error:
         raise HarnessError(f"the suite did not finish within {timeout}s") from error
+    return _suite_result(completed, output_dir, "server")
+
+
+def _suite_result(
+    completed: subprocess.CompletedProcess[str], output_dir: Path, mode: str
+) -> SuiteResult:
     summary, block, total_passed, total_failed, not_scored = parse_summary(completed.stdout)
     return SuiteResult(
         returncode=completed.returncode,
-        scenarios=read_checks(output_dir),
+        scenarios=read_checks(output_dir, mode),
         summary=summary,
         summary_block=block,
         total_passed=total_passed,
@@ -599,3 +620,129 @@ def run_conformance(
             returncode = server.stop()
             stopped = time.monotonic() - began
     return ConformanceRun(suite, returncode, server.stderr, stopped)
+
+
+# -- client mode: the suite drives examples/conformance_client.py --------------------------
+
+
+def client_command() -> str:
+    """What the suite runs (it appends the server URL). It splits the text on spaces."""
+    command = f"{sys.executable} {CLIENT_APP}"
+    if " " in str(sys.executable) or " " in str(CLIENT_APP):
+        raise HarnessError(f"the suite cannot run a command whose paths contain spaces: {command}")
+    return command
+
+
+def client_suite_command(
+    command: str,
+    output_dir: Path,
+    *,
+    scenario: str | None = None,
+    requirements: str | None = None,
+    spec_version: str | None = CLIENT_SPEC_VERSION,
+    timeout_ms: int = 60_000,
+    cache_dir: Path = CACHE_DIR,
+) -> list[str]:
+    """``conformance client``: one scenario (at ``spec_version``) or a requirement set."""
+    cli = [str(node_executable()), str(entry_point(cache_dir)), "client", "--command", command]
+    if scenario is not None:
+        cli += ["--scenario", scenario]
+        if spec_version is not None:
+            cli += ["--spec-version", spec_version]
+    elif requirements is not None:
+        cli += ["--requirements", requirements]
+    return [*cli, "--timeout", str(timeout_ms), "-o", str(output_dir)]
+
+
+def run_client_suite(
+    output_dir: Path,
+    *,
+    command: str | None = None,
+    scenario: str | None = None,
+    requirements: str | None = None,
+    spec_version: str | None = CLIENT_SPEC_VERSION,
+    cache_dir: Path = CACHE_DIR,
+    timeout: float = 600.0,
+) -> SuiteResult:
+    """Run client scenarios against ``command`` (default: the tritask conformance client)."""
+    node = node_executable()
+    if node_major(node) < MIN_NODE_MAJOR:
+        raise HarnessError(f"{node} is older than Node {MIN_NODE_MAJOR}")
+    cli = client_suite_command(
+        command or client_command(),
+        output_dir,
+        scenario=scenario,
+        requirements=requirements,
+        spec_version=spec_version,
+        cache_dir=cache_dir,
+    )
+    try:
+        completed = subprocess.run(
+            cli,
+            cwd=cache_dir,
+            capture_output=True,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
+            timeout=timeout,
+            check=False,
+            env={**os.environ, "NO_COLOR": "1"},
+        )
+    except subprocess.TimeoutExpired as error:
+        raise HarnessError(f"the client suite did not finish within {timeout}s") from error
+    return _suite_result(completed, output_dir, "client")
+
+
+def required_client_scenarios(
+    requirements: str = REQUIREMENTS, cache_dir: Path = CACHE_DIR
+) -> tuple[str, ...]:
+    """The client scenarios the requirement set scores (``list --client --requirements``)."""
+    completed = subprocess.run(
+        [
+            str(node_executable()),
+            str(entry_point(cache_dir)),
+            "list",
+            "--client",
+            "--requirements",
+            requirements,
+        ],
+        cwd=cache_dir,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+    if completed.returncode != 0:
+        raise HarnessError(f"conformance list failed: {completed.stderr.strip()}")
+    scenarios: list[str] = []
+    inside = False
+    for line in completed.stdout.splitlines():
+        if line.startswith("Client scenarios"):
+            inside = True
+        elif inside and line.startswith("  - "):
+            scenarios.append(line[4:].strip())
+        elif inside and not line.strip():
+            break
+    if not scenarios:
+        raise HarnessError(f"no client scenarios in:\n{completed.stdout}")
+    return tuple(scenarios)
+
+
+def run_client_conformance(
+    scenarios: Sequence[str], *, timeout: float = 600.0
+) -> dict[str, SuiteResult]:
+    """Install if needed and run each client scenario on its own, one after another.
+
+    One at a time rather than the requirement set at once: that runs every scenario (the
+    OAuth ones too) in parallel, and several dozen Python clients starting together on a
+    small machine miss the suite's per-client timeout.
+    """
+    ensure_installed()
+    results: dict[str, SuiteResult] = {}
+    with tempfile.TemporaryDirectory(prefix="tritask-client-conformance-") as scratch:
+        for scenario in scenarios:
+            target = Path(scratch) / scenario.replace("/", "_")
+            target.mkdir()
+            results[scenario] = run_client_suite(target, scenario=scenario, timeout=timeout)
+    return results
