@@ -36,7 +36,7 @@ def build_demo_app() -> App:
         instructions=(
             "A demo of durable tasks: export_report runs as a task with progress, "
             "deploy asks for confirmation inside its task, flaky_fetch is retried on a "
-            "schedule, echo is an ordinary tool."
+            "schedule; echo and countdown are ordinary tools."
         ),
     )
     attempts: Counter[str] = Counter()
@@ -45,6 +45,16 @@ def build_demo_app() -> App:
     async def echo(text: str) -> str:
         """Echo the text back (an ordinary synchronous tool)."""
         return text
+
+    @app.tool
+    async def countdown(ctx: Context, seconds: int = 3) -> str:
+        """Count down without a task: progress streams on the request itself."""
+        seconds = max(0, min(seconds, 600))
+        for step in range(seconds):
+            await ctx.progress(step, seconds, f"{seconds - step} left")
+            await trio.sleep(1)
+        await ctx.progress(seconds, seconds)
+        return "liftoff"
 
     @app.tool
     async def export_report(ctx: Context, quarter: str = "Q3", seconds: int = 5) -> dict[str, str]:

@@ -32,6 +32,8 @@ async def test_demo_tools_reach_their_documented_ends(autojump_clock: Any) -> No
     async with on_trio_clock(app), app.running():
         echoed = await client.call_tool("echo", {"text": "hi"})
         assert echoed["content"] == [{"type": "text", "text": "hi"}]
+        counted = await client.call_tool("countdown", {"seconds": 2})
+        assert counted["content"] == [{"type": "text", "text": "liftoff"}]
 
         created = await client.call_tool("export_report", {"quarter": "Q1", "seconds": 3})
         assert created["resultType"] == "task"
