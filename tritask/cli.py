@@ -1,4 +1,5 @@
-"""``tritask serve``: serve an app over HTTP, stdio and/or WebSocket until SIGINT/SIGTERM."""
+"""``tritask serve`` (an app over HTTP, stdio and/or WebSocket until SIGINT/SIGTERM), and the
+subcommands of other rooms: ``migrate``, the operator commands, ``call`` and ``tools``."""
 
 from __future__ import annotations
 
@@ -171,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     from tritask.ops.parser import add_operator_commands
 
     add_operator_commands(commands, DEFAULT_STORE)
+    from tritask.client.terminal import add_client_commands
+
+    add_client_commands(commands)
     for entry_point in metadata.entry_points(group=COMMANDS_GROUP):
         # Subcommands of other distributions (e.g. a stress harness): each entry point is a
         # callable that adds its parser to ``commands``. A broken one is named, not hidden.
@@ -278,7 +282,12 @@ async def _watch_signals(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    from tritask.client.terminal import split_server_command
+
+    # `tritask call TOOL k=v -- COMMAND …`: the stdio server's command is not ours to parse.
+    words, server_command = split_server_command(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(words)
+    args.server_command = server_command
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         stream=sys.stderr,
