@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tritask.server")
 
-__all__ = ["Context", "Emit", "InputProvider", "NotInTask"]
+__all__ = ["Context", "Emit", "InputProvider", "NotInTask", "Relay"]
 
 
 class NotInTask(RuntimeError):
@@ -39,6 +39,18 @@ class InputProvider(Protocol):
     async def await_input(
         self, key: str, request: dict[str, JSONValue]
     ) -> dict[str, JSONValue]: ...
+
+
+class Relay(Protocol):
+    """Where a detached context's progress goes while someone still waits for the work.
+
+    A task worker's context is detached: it outlives the request and keeps nothing of it. An
+    extension that makes a request wait for a task (the initialize era's task tools) hands
+    the worker a relay instead: a relay forwards progress to the waiting request and turns
+    inert once that request is gone, so the worker never holds a stream or a session.
+    """
+
+    async def progress(self, progress: float, total: float | None, message: str | None) -> None: ...
 
 
 class Context:
@@ -64,6 +76,7 @@ class Context:
         idempotency_key: str | None = None,
         session: Session | None = None,
         close_stream: Callable[[], bool] | None = None,
+        relay: Relay | None = None,
     ) -> None:
         self.app = app
         self.method = method
@@ -83,6 +96,8 @@ class Context:
         self.session = session
         """The initialize-era session this request belongs to; ``None`` for 2026-07-28."""
         self._close_stream = close_stream
+        self.relay = relay
+        """A detached context's way to report progress to a request waiting for it."""
         self._last_progress: float | None = None
 
     # -- identity and capabilities -------------------------------------------------------
@@ -114,6 +129,15 @@ class Context:
         return self.transport == "task"
 
     @property
+    def emit(self) -> Emit | None:
+        """This request's own stream (``None`` for a detached context or a bare call).
+
+        Server-initiated requests of a legacy session go there:
+        ``await ctx.session.request(method, params, ctx.emit)``.
+        """
+        return self._emit
+
+    @property
     def era(self) -> str:
         """``"legacy"`` for a request of an initialize-era session, else ``"modern"``."""
         return "modern" if self.session is None else "legacy"
@@ -123,9 +147,14 @@ class Context:
     async def progress(
         self, progress: float, total: float | None = None, message: str | None = None
     ) -> None:
-        """Report progress on this request's stream (only when it sent a progressToken)."""
+        """Report progress on this request's stream (only when it sent a progressToken).
+
+        A detached context with a relay reports to the request waiting for its work instead.
+        """
         token = self.meta.progress_token
         if token is None or self._emit is None:
+            if self.relay is not None:
+                await self.relay.progress(progress, total, message)
             return
         if self._last_progress is not None and progress <= self._last_progress:
             log.debug("dropping non-increasing progress %s", progress)
@@ -208,8 +237,13 @@ class Context:
         input_provider: InputProvider | None = None,
         task_id: str | None = None,
         idempotency_key: str | None = None,
+        relay: Relay | None = None,
     ) -> Context:
-        """The worker form of this context: keep who and what, drop the request itself."""
+        """The worker form of this context: keep who and what, drop the request itself.
+
+        A relay (given here, or kept from a context detached with one) is the only link to a
+        request that survives, and it is inert once that request is gone.
+        """
         meta = RequestMeta(
             protocol_version=self.meta.protocol_version,
             client_capabilities=self.meta.client_capabilities,
@@ -225,4 +259,5 @@ class Context:
             input_provider=input_provider,
             task_id=task_id,
             idempotency_key=idempotency_key,
+            relay=relay if relay is not None else self.relay,
         )

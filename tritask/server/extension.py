@@ -98,6 +98,13 @@ class Extension:
 
     # -- the initialize era (2025-06-18, 2025-11-25) ----------------------------------------
 
+    def legacy_session_opened(self, session: Session) -> None:
+        """A legacy session was just created (``initialize``), before its standalone stream.
+
+        The place to set up per-session state (``session.extension_state[id]``) and the hub
+        filter keys of the session's standalone stream (``session.standalone_filter``).
+        """
+
     def legacy_capabilities(self, protocol_version: str) -> dict[str, JSONValue]:
         """Server capabilities this extension adds to a legacy ``InitializeResult``."""
         return {}

@@ -119,6 +119,8 @@ class LegacyDispatcher:
             client_info=client_info,
             principal=principal,
         )
+        for extension in self.app.extensions.values():
+            extension.legacy_session_opened(session)
         result: dict[str, JSONValue] = {
             "protocolVersion": version,
             "capabilities": self.capabilities(version),
@@ -225,7 +227,7 @@ class LegacyDispatcher:
         if method == "tools/list":
             result = self._legacy_tools(result, session)
         elif method == "tools/call":
-            result = _legacy_call_result(result)
+            result = legacy_call_result(result)
         return legacy_result(result)
 
     def _route(self, method: str, session: Session) -> Handler | None:
@@ -433,7 +435,7 @@ def _request_meta(params: Mapping[str, JSONValue], session: Session) -> RequestM
     )
 
 
-def _legacy_call_result(result: dict[str, JSONValue]) -> dict[str, JSONValue]:
+def legacy_call_result(result: dict[str, JSONValue]) -> dict[str, JSONValue]:
     """2025 ``structuredContent`` is an object; any other JSON value stays in the text."""
     if "structuredContent" in result and not isinstance(result["structuredContent"], dict):
         return {key: value for key, value in result.items() if key != "structuredContent"}

@@ -4,7 +4,8 @@ It plugs in through the public extension API only: ``tasks/get|update|cancel``, 
 ``around_tool_call`` hook that decides per request whether a call becomes a task, the
 ``Mcp-Name`` rule for task methods, and the ``taskIds`` listen filter. Tool lookup,
 authorization and argument validation have already happened, exactly as for a direct call,
-before this hook stores anything.
+before this hook stores anything. Initialize-era sessions see the same tasks through the
+legacy hooks, rendered by :mod:`tritask.tasks.legacy`.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from tritask.jsonrpc import InternalError, InvalidParams, JsonRpcError, JSONValu
 from tritask.protocol.errors import MissingRequiredClientCapability
 from tritask.protocol.meta import RequestMeta
 from tritask.protocol.versions import LATEST_VERSION
-from tritask.server.app import App
-from tritask.server.context import Context
+from tritask.server.app import App, ToolDef
+from tritask.server.context import Context, Relay
 from tritask.server.extension import CallNext, Extension, MethodHandler, ServeEnvironment, ToolCall
 from tritask.server.results import RetryLater
+from tritask.server.session import Session
 from tritask.tasks.executor import (
     Completed,
     ExecutionToken,
@@ -34,6 +36,7 @@ from tritask.tasks.executor import (
     Retry,
     internal_error,
 )
+from tritask.tasks.legacy import LegacyTasks, TaskSupport
 from tritask.tasks.model import Snapshot, create_task_result, detailed_task, new_task
 from tritask.tasks.reducer import DuplicateInputKey
 from tritask.tasks.runner import Runner, RunnerNotRunning
@@ -109,6 +112,11 @@ def _task_id_param(params: Mapping[str, JSONValue], limit: int) -> str:
 
 
 _MODES: Final[dict[str, Mode]] = {"sync": "sync", "optional": "optional", "required": "required"}
+_TASK_SUPPORT: Final[dict[Mode, TaskSupport]] = {
+    "sync": "forbidden",
+    "optional": "optional",
+    "required": "required",
+}
 
 
 def _normalise(decision: object) -> tuple[Mode, TaskOptions]:
@@ -239,6 +247,8 @@ class Tasks(Extension):
             "tasks/update": self._update,
             "tasks/cancel": self._cancel,
         }
+        self.legacy = LegacyTasks(self)
+        """The initialize-era rendering (waited-for task tools, 2025-11-25 ``tasks/*``)."""
 
     # -- wiring --------------------------------------------------------------------------
 
@@ -265,12 +275,17 @@ class Tasks(Extension):
         runner.set_default_executor(ToolCallExecutor(app))
         return runner.subscribe(self._publish)
 
+    @property
+    def app(self) -> App | None:
+        return self._app
+
     def _publish(self, snapshot: Snapshot) -> None:
         # Nobody listening (the usual case): don't build a notification nobody receives.
         if self._app is not None and self._app.hub.subscriber_count:
             self._app.hub.publish(
                 "notifications/tasks", detailed_task(snapshot.task), {"taskIds": [snapshot.task.id]}
             )
+        self.legacy.observe(snapshot)
 
     @asynccontextmanager
     async def lifespan(self, app: App, env: ServeEnvironment) -> AsyncIterator[None]:
@@ -298,7 +313,8 @@ class Tasks(Extension):
             )
             yield
 
-    def _parts(self) -> tuple[Store, Runner]:
+    def parts(self) -> tuple[Store, Runner]:
+        """The store and runner in use (-32603 when the extension is not running)."""
         if self.store is None or self.runner is None:
             raise InternalError("Tasks store or runner is not configured")
         return self.store, self.runner
@@ -321,18 +337,46 @@ class Tasks(Extension):
         """
         return method in TASK_METHODS
 
+    def legacy_session_opened(self, session: Session) -> None:
+        self.legacy.session_opened(session)
+
+    def legacy_capabilities(self, protocol_version: str) -> dict[str, JSONValue]:
+        return self.legacy.capabilities(protocol_version)
+
+    def legacy_methods(self, session: Session) -> Mapping[str, MethodHandler]:
+        return self.legacy.methods(session)
+
+    def legacy_tool_fields(self, tool: ToolDef, session: Session) -> dict[str, JSONValue]:
+        return self.legacy.tool_fields(tool, session)
+
     async def around_tool_call(
         self, call: ToolCall, ctx: Context, call_next: CallNext
     ) -> dict[str, JSONValue]:
-        mode, options = await self._decide(call, ctx)
+        if ctx.session is not None:
+            # An initialize-era session never negotiates the extension (and never gets -32021).
+            return await self.legacy.tool_call(call, ctx, call_next)
+        mode, options = await self.decide(call, ctx)
         negotiated = ctx.negotiated(EXTENSION_ID)
         if mode == "sync" or (mode == "optional" and not negotiated):
             return await call_next(call, ctx)
         if not negotiated:
             raise MissingRequiredClientCapability({"extensions": {EXTENSION_ID: {}}})
-        return await self._create(call, ctx, options)
+        snapshot = await self.create_snapshot(call, ctx, options, self.new_task_id())
+        return create_task_result(snapshot.task)
 
-    async def _decide(self, call: ToolCall, ctx: Context) -> tuple[Mode, TaskOptions]:
+    def task_support_of(self, tool_name: str) -> TaskSupport:
+        """A tool's ``execution.taskSupport`` for clients that read it (a callable: optional)."""
+        policy = self.task_support.get(tool_name, "sync")
+        if callable(policy):
+            return "optional"
+        try:
+            mode, _ = _normalise(policy)
+        except InternalError:
+            return "forbidden"  # the call itself reports the invalid policy
+        return _TASK_SUPPORT[mode]
+
+    async def decide(self, call: ToolCall, ctx: Context) -> tuple[Mode, TaskOptions]:
+        """The tool's policy for this call: its mode and per-call options."""
         policy = self.task_support.get(call.tool.name, "sync")
         if callable(policy):
             try:
@@ -347,15 +391,30 @@ class Tasks(Extension):
             return _normalise(decision)
         return _normalise(policy)
 
-    async def _create(
-        self, call: ToolCall, ctx: Context, options: TaskOptions
-    ) -> dict[str, JSONValue]:
-        store, runner = self._parts()
+    def new_task_id(self) -> str:
         task_id = self.id_generator()
         if not isinstance(task_id, str) or not task_id:
             raise InternalError("Task id generator returned an invalid id")
         if len(task_id.encode("utf-8")) > self.max_task_id_bytes:
             raise InternalError("Task id generator returned an invalid id")
+        return task_id
+
+    async def create_snapshot(
+        self,
+        call: ToolCall,
+        ctx: Context,
+        options: TaskOptions,
+        task_id: str,
+        *,
+        requested_ttl_ms: int | None = None,
+        relay: Relay | None = None,
+    ) -> Snapshot:
+        """Store the call as a task and start it; the worker gets ``ctx`` detached.
+
+        ``requested_ttl_ms`` is a client's wish (2025-11-25 ``params.task.ttl``): granted up to
+        the configured ttl. ``relay`` is the worker's only link to a request waiting for it.
+        """
+        store, runner = self.parts()
         retry_policy = (
             options.retry_policy
             if isinstance(options.retry_policy, RetryPolicy)
@@ -385,6 +444,8 @@ class Tasks(Extension):
             if size > self.max_work_input_bytes:
                 raise InvalidParams(f"Task input is larger than {self.max_work_input_bytes} bytes")
         ttl = self.ttl_ms if isinstance(options.ttl_ms, _Default) else options.ttl_ms
+        if requested_ttl_ms is not None:
+            ttl = requested_ttl_ms if ttl is None else min(ttl, requested_ttl_ms)
         poll = (
             self.poll_interval_ms
             if isinstance(options.poll_interval_ms, _Default)
@@ -410,7 +471,7 @@ class Tasks(Extension):
                 task,
                 work,
                 access,
-                context=ctx.detach(task_id=task_id, idempotency_key=task_id),
+                context=ctx.detach(task_id=task_id, idempotency_key=task_id, relay=relay),
                 stamp=True,
             )
         except CapacityExceeded as error:
@@ -420,7 +481,7 @@ class Tasks(Extension):
         except (StoreError, RunnerNotRunning) as error:
             log.error("task creation failed: %s", error)
             raise InternalError("Task creation failed") from error
-        return create_task_result(snapshot.task)
+        return snapshot
 
     async def subscription_filter(
         self, requested: Mapping[str, JSONValue], ctx: Context
@@ -452,16 +513,17 @@ class Tasks(Extension):
             return []
         frames: list[tuple[str, dict[str, JSONValue]]] = []
         for task_id in ids:
-            snapshot = await self._lookup(task_id, ctx, Action.GET)
+            snapshot = await self.lookup(task_id, ctx, Action.GET)
             if snapshot is not None:
                 frames.append(("notifications/tasks", detailed_task(snapshot.task)))
         return frames
 
     async def _visible(self, task_id: str, ctx: Context) -> bool:
-        return await self._lookup(task_id, ctx, Action.GET) is not None
+        return await self.lookup(task_id, ctx, Action.GET) is not None
 
-    async def _lookup(self, task_id: str, ctx: Context, action: Action) -> Snapshot | None:
-        store, _ = self._parts()
+    async def lookup(self, task_id: str, ctx: Context, action: Action) -> Snapshot | None:
+        """The task if ``ctx``'s caller may see it (``None`` for unknown or out of scope)."""
+        store, _ = self.parts()
         try:
             access = await store.authorize(ctx, action, task_id)
         except Unauthorized:
@@ -473,7 +535,7 @@ class Tasks(Extension):
 
     async def _get(self, params: dict[str, JSONValue], ctx: Context) -> dict[str, JSONValue]:
         task_id = _task_id_param(params, self.max_task_id_bytes)
-        snapshot = await self._lookup(task_id, ctx, Action.GET)
+        snapshot = await self.lookup(task_id, ctx, Action.GET)
         if snapshot is None:
             raise InvalidParams(UNKNOWN_TASK)
         return {"resultType": "complete", **detailed_task(snapshot.task)}
@@ -488,7 +550,7 @@ class Tasks(Extension):
             for key, value in responses.items()
         ) or not is_json_value(responses):
             raise InvalidParams("inputResponses is invalid")
-        store, runner = self._parts()
+        store, runner = self.parts()
         try:
             access = await store.authorize(ctx, Action.UPDATE, task_id)
         except Unauthorized:
@@ -500,7 +562,7 @@ class Tasks(Extension):
 
     async def _cancel(self, params: dict[str, JSONValue], ctx: Context) -> dict[str, JSONValue]:
         task_id = _task_id_param(params, self.max_task_id_bytes)
-        store, runner = self._parts()
+        store, runner = self.parts()
         try:
             access = await store.authorize(ctx, Action.CANCEL, task_id)
         except Unauthorized:
