@@ -41,6 +41,8 @@ T0 = "2026-08-24T10:00:00.000Z"
 RELATED = "io.modelcontextprotocol/related-task"
 NAME_FORM = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
 TASK_CAPS = {"tasks": {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}}
+CLIENT_TASKS = {"list": {}, "cancel": {}}
+"""What the TypeScript SDK 1.32.2 declares when configured with tasks."""
 NOT_FOUND = {"code": -32602, "message": "Failed to retrieve task: Task not found"}
 REFUSED = {"code": -32602, "message": "That label is not allowed", "data": {"label": "x"}}
 
@@ -503,7 +505,7 @@ async def test_the_worker_context_stays_detached_and_its_relay_dies_with_the_req
 # -- the 2025-11-25 experimental task wire ---------------------------------------------------------
 
 
-async def test_capabilities_and_task_support_only_for_2025_11_25(
+async def test_capabilities_and_task_support_only_for_2025_11_25_clients_declaring_tasks(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with world() as w:
@@ -513,17 +515,20 @@ async def test_capabilities_and_task_support_only_for_2025_11_25(
             "must": "required",
             "decided": "optional",
         }
-        for version in ("2025-11-25", "2025-06-18"):
+        cases = [("2025-11-25", True), ("2025-11-25", False), ("2025-06-18", True)]
+        for version, declares in cases:
+            offered = version == "2025-11-25" and declares
             async with stdio_server(w.app) as (peer, _, _):
-                answer = await initialized_peer(peer, version)
+                caps = {"tasks": CLIENT_TASKS} if declares else {}
+                answer = await initialized_peer(peer, version, **caps)
                 capabilities = answer["result"]["capabilities"]
-                assert ("tasks" in capabilities) == (version == "2025-11-25")
-                if version == "2025-11-25":
+                assert ("tasks" in capabilities) == offered
+                if offered:
                     assert capabilities["tasks"] == TASK_CAPS["tasks"]
                 await peer.send(legacy(1, "tools/list"))
                 tools = {tool["name"]: tool for tool in (await peer.receive())["result"]["tools"]}
                 for name, support in expected_tools.items():
-                    if version == "2025-11-25":
+                    if offered:
                         assert tools[name]["execution"] == {"taskSupport": support}
                     else:
                         assert "execution" not in tools[name]
@@ -538,7 +543,7 @@ async def test_a_task_augmented_call_answers_create_task_result_then_get_and_res
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with world() as w, stdio_server(w.app) as (peer, _, _):
-        await initialized_peer(peer, "2025-11-25")
+        await initialized_peer(peer, "2025-11-25", tasks=CLIENT_TASKS)
         await peer.send(
             legacy(1, "tools/call", name="slow", arguments={"label": "t"}, task={"ttl": 60_000})
         )
@@ -605,7 +610,7 @@ async def test_task_augmentation_errors_follow_2025_11_25(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with world() as w, stdio_server(w.app) as (peer, _, _):
-        await initialized_peer(peer, "2025-11-25")
+        await initialized_peer(peer, "2025-11-25", tasks=CLIENT_TASKS)
         await peer.send(legacy(1, "tools/call", name="echo", arguments={"text": "x"}, task={}))
         assert await peer.receive() == {
             "jsonrpc": "2.0",
@@ -643,11 +648,14 @@ async def test_task_augmentation_errors_follow_2025_11_25(
         assert (await peer.receive())["result"]["task"]["ttl"] == 7000
 
 
-async def test_2025_06_18_has_no_task_methods_and_ignores_params_task(
-    autojump_clock: trio.testing.MockClock,
+@pytest.mark.parametrize("version", ["2025-06-18", "2025-11-25"])
+async def test_without_the_experimental_protocol_params_task_is_ignored(
+    version: str, autojump_clock: trio.testing.MockClock
 ) -> None:
+    """2025-06-18, and a 2025-11-25 client that declared no tasks: no task methods, and
+    ``params.task`` is ignored (a receiver that did not declare tasks MUST ignore it)."""
     async with world() as w, stdio_server(w.app) as (peer, _, _):
-        await initialized_peer(peer, "2025-06-18")
+        await initialized_peer(peer, version)
         for index, method in enumerate(("tasks/get", "tasks/result", "tasks/list", "tasks/cancel")):
             await peer.send(legacy(index, method, taskId="task-1"))
             assert await peer.receive() == {
@@ -665,7 +673,7 @@ async def test_tasks_result_side_channels_input_with_the_related_task(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with world() as w, stdio_server(w.app) as (peer, _, _):
-        await initialized_peer(peer, "2025-11-25", elicitation={})
+        await initialized_peer(peer, "2025-11-25", elicitation={}, tasks=CLIENT_TASKS)
         await peer.send(legacy(1, "tools/call", name="ask", arguments={}, task={}))
         assert (await peer.receive())["result"]["task"]["taskId"] == "task-1"
         # Commit instants strictly increase per task: the request comes 1 ms after creation.
@@ -709,7 +717,7 @@ async def test_one_input_is_asked_once_however_many_wait_for_the_task(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with world() as w, stdio_server(w.app) as (peer, _, _):
-        await initialized_peer(peer, "2025-11-25", elicitation={})
+        await initialized_peer(peer, "2025-11-25", elicitation={}, tasks=CLIENT_TASKS)
         await peer.send(legacy(1, "tools/call", name="ask", arguments={}, task={}))
         await read_until(peer, 1)
         await w.wait_status("task-1", "input_required")
@@ -736,7 +744,7 @@ async def test_tasks_result_is_the_same_error_or_result_the_call_would_have_had(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with world() as w, stdio_server(w.app) as (peer, _, _):
-        await initialized_peer(peer, "2025-11-25")
+        await initialized_peer(peer, "2025-11-25", tasks=CLIENT_TASKS)
         for index, tool in enumerate(("flaky", "refusing", "ask_model")):
             await peer.send(legacy(index + 1, "tools/call", name=tool, arguments={}, task={}))
             await read_until(peer, index + 1)
@@ -775,7 +783,7 @@ async def test_tasks_cancel_returns_the_cancelled_task_and_refuses_terminal_ones
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with world() as w, stdio_server(w.app) as (peer, _, _):
-        await initialized_peer(peer, "2025-11-25")
+        await initialized_peer(peer, "2025-11-25", tasks=CLIENT_TASKS)
         await peer.send(legacy(1, "tools/call", name="block", arguments={}, task={}))
         await read_until(peer, 1)
         await w.probe.started.wait()
@@ -822,7 +830,7 @@ async def test_cancelling_a_tasks_result_request_leaves_the_task_running(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with world() as w, stdio_server(w.app) as (peer, _, _):
-        await initialized_peer(peer, "2025-11-25")
+        await initialized_peer(peer, "2025-11-25", tasks=CLIENT_TASKS)
         await peer.send(legacy(1, "tools/call", name="block", arguments={}, task={}))
         await read_until(peer, 1)
         await w.probe.started.wait()
@@ -844,8 +852,8 @@ async def test_tasks_list_pages_the_sessions_own_tasks(
     async with world() as w:
         w.tasks.legacy.page_size = 2
         async with stdio_server(w.app) as (peer, _, _), stdio_server(w.app) as (other, _, _):
-            await initialized_peer(peer, "2025-11-25")
-            await initialized_peer(other, "2025-11-25")
+            await initialized_peer(peer, "2025-11-25", tasks=CLIENT_TASKS)
+            await initialized_peer(other, "2025-11-25", tasks=CLIENT_TASKS)
             for index in range(5):
                 await peer.send(legacy(index, "tools/call", name="must", arguments={}, task={}))
                 await read_until(peer, index)
@@ -887,7 +895,7 @@ async def test_expired_tasks_leave_the_list_and_answer_not_found(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with world() as w, stdio_server(w.app) as (peer, _, _):
-        await initialized_peer(peer, "2025-11-25")
+        await initialized_peer(peer, "2025-11-25", tasks=CLIENT_TASKS)
         await peer.send(legacy(1, "tools/call", name="must", arguments={}, task={"ttl": 5_000}))
         await read_until(peer, 1)
         await peer.send(legacy(2, "tools/call", name="must", arguments={}, task={}))
@@ -906,7 +914,7 @@ async def test_progress_of_an_augmented_task_reaches_the_session_with_its_task(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with world() as w, stdio_server(w.app) as (peer, _, _):
-        await initialized_peer(peer, "2025-11-25")
+        await initialized_peer(peer, "2025-11-25", tasks=CLIENT_TASKS)
         await peer.send(
             legacy(
                 1,
@@ -936,7 +944,7 @@ async def test_a_legacy_created_task_survives_a_restart_as_an_ordinary_durable_t
 ) -> None:
     async with world() as w:
         async with stdio_server(w.app) as (peer, stdout, done):
-            await initialized_peer(peer, "2025-11-25")
+            await initialized_peer(peer, "2025-11-25", tasks=CLIENT_TASKS)
             await peer.send(
                 legacy(1, "tools/call", name="slow", arguments={"seconds": 30}, task={})
             )

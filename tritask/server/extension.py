@@ -105,8 +105,12 @@ class Extension:
         filter keys of the session's standalone stream (``session.standalone_filter``).
         """
 
-    def legacy_capabilities(self, protocol_version: str) -> dict[str, JSONValue]:
-        """Server capabilities this extension adds to a legacy ``InitializeResult``."""
+    def legacy_capabilities(self, session: Session) -> dict[str, JSONValue]:
+        """Server capabilities this extension adds to ``session``'s ``InitializeResult``.
+
+        Called once the session exists, so an offer may depend on its negotiated version and
+        on what the client declared (``session.client_capabilities``).
+        """
         return {}
 
     def legacy_methods(self, session: Session) -> Mapping[str, MethodHandler]:

@@ -123,15 +123,19 @@ class LegacyDispatcher:
             extension.legacy_session_opened(session)
         result: dict[str, JSONValue] = {
             "protocolVersion": version,
-            "capabilities": self.capabilities(version),
+            "capabilities": self.capabilities(session),
             "serverInfo": self.app.server_info,
         }
         if self.app.instructions:
             result["instructions"] = self.app.instructions
         return session, result
 
-    def capabilities(self, protocol_version: str) -> dict[str, JSONValue]:
-        """The server capabilities of a legacy session, derived from the app's registries."""
+    def capabilities(self, session: Session) -> dict[str, JSONValue]:
+        """The server capabilities of a legacy session, derived from the app's registries.
+
+        Extensions see the session (its version and the client's declared capabilities), so
+        what they offer may depend on what the client said it can do.
+        """
         caps: dict[str, JSONValue] = {"logging": {}}
         if self.app.completions:
             caps["completions"] = {}
@@ -142,7 +146,7 @@ class LegacyDispatcher:
         if self.app.tools:
             caps["tools"] = {"listChanged": True}
         for extension in self.app.extensions.values():
-            caps.update(extension.legacy_capabilities(protocol_version))
+            caps.update(extension.legacy_capabilities(session))
         return caps
 
     def handle_notification(self, notification: Notification, session: Session) -> None:

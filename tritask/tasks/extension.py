@@ -340,8 +340,8 @@ class Tasks(Extension):
     def legacy_session_opened(self, session: Session) -> None:
         self.legacy.session_opened(session)
 
-    def legacy_capabilities(self, protocol_version: str) -> dict[str, JSONValue]:
-        return self.legacy.capabilities(protocol_version)
+    def legacy_capabilities(self, session: Session) -> dict[str, JSONValue]:
+        return self.legacy.capabilities(session)
 
     def legacy_methods(self, session: Session) -> Mapping[str, MethodHandler]:
         return self.legacy.methods(session)

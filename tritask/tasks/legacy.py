@@ -3,7 +3,7 @@
 The durable tasks are exactly the 2026-07-28 ones: the same store, reducer, runner and
 executor create, run, recover and expire them. What differs is how a legacy session sees them:
 
-**A task tool waited for** (every legacy session, no ``params.task``). A tool with a task policy
+**A task tool waited for** (a legacy call without ``params.task``). A tool with a task policy
 (``optional``, ``required``, or a callable that decides so) runs as a durable task and the
 ``tools/call`` waits for it, so a client that knows nothing of tasks still gets a plain
 ``CallToolResult``. While it waits:
@@ -24,13 +24,15 @@ request (a JSON-RPC error) or cannot be asked (an undeclared capability, URL eli
 2025-06-18, a transport without server requests) gets a tool error with the reason, and the
 task is cancelled: nobody else could ever answer it.
 
-**The experimental tasks of 2025-11-25** (SEP-1686; 2025-11-25 sessions only, never 2025-06-18
-nor 2026-07-28). ``capabilities.tasks`` in ``InitializeResult``, ``execution.taskSupport`` in
-``tools/list``, ``params.task`` on ``tools/call`` answered with ``CreateTaskResult``, and
-``tasks/get``, ``tasks/result``, ``tasks/list``, ``tasks/cancel`` and
-``notifications/tasks/status`` in that version's shapes (``ttl``/``pollInterval`` in ms,
-ISO instants, the ``Task`` nested in ``CreateTaskResult`` and flat elsewhere). Decisions where
-the spec leaves room (see ``docs/architecture.md``):
+**The experimental tasks of 2025-11-25** (SEP-1686), for 2025-11-25 sessions whose client
+declared ``capabilities.tasks`` at ``initialize`` (never 2025-06-18 nor 2026-07-28; a 2025-11-25
+client that declared nothing is served as above, so a ``required`` tool still works for it):
+``capabilities.tasks`` in ``InitializeResult``, ``execution.taskSupport`` in ``tools/list``,
+``params.task`` on ``tools/call`` answered with ``CreateTaskResult``, and ``tasks/get``,
+``tasks/result``, ``tasks/list``, ``tasks/cancel`` and ``notifications/tasks/status`` in that
+version's shapes (``ttl``/``pollInterval`` in ms, ISO instants, the ``Task`` nested in
+``CreateTaskResult`` and flat elsewhere). Decisions where the spec leaves room (see
+``docs/architecture.md``):
 
 - ``params.task`` on a ``forbidden`` tool is -32601 (the tools section's SHOULD), and so is a
   ``required`` tool called without it (its MUST; the Error Handling section's -32600 is a MAY).
@@ -97,6 +99,15 @@ CAPABILITIES: Final[dict[str, JSONValue]] = {
 }
 TaskSupport = str
 """``"forbidden"``, ``"optional"`` or ``"required"``: a tool's ``execution.taskSupport``."""
+
+
+def speaks_tasks(session: Session) -> bool:
+    """Whether ``session`` gets the experimental task protocol: 2025-11-25, and the client
+    declared ``capabilities.tasks`` (a client that did not is served as one that knows
+    nothing of tasks: its task tools are waited for, ``params.task`` is ignored)."""
+    return session.protocol_version == TASKS_VERSION and isinstance(
+        session.client_capabilities.get("tasks"), dict
+    )
 
 
 def render_task(task: Task) -> dict[str, JSONValue]:
@@ -229,17 +240,17 @@ class LegacyTasks:
     # -- extension hooks -----------------------------------------------------------------
 
     def session_opened(self, session: Session) -> None:
-        if session.protocol_version == TASKS_VERSION:
+        if speaks_tasks(session):
             session.standalone_filter[SESSION_FILTER_KEY] = [session.id]
 
-    def capabilities(self, protocol_version: str) -> dict[str, JSONValue]:
-        return dict(CAPABILITIES) if protocol_version == TASKS_VERSION else {}
+    def capabilities(self, session: Session) -> dict[str, JSONValue]:
+        return dict(CAPABILITIES) if speaks_tasks(session) else {}
 
     def methods(self, session: Session) -> Mapping[str, MethodHandler]:
-        return self._methods if session.protocol_version == TASKS_VERSION else {}
+        return self._methods if speaks_tasks(session) else {}
 
     def tool_fields(self, tool: ToolDef, session: Session) -> dict[str, JSONValue]:
-        if session.protocol_version != TASKS_VERSION:
+        if not speaks_tasks(session):
             return {}
         return {"execution": {"taskSupport": self.tasks.task_support_of(tool.name)}}
 
@@ -271,7 +282,8 @@ class LegacyTasks:
         session = ctx.session
         assert session is not None
         support = self.tasks.task_support_of(call.tool.name)
-        if session.protocol_version == TASKS_VERSION and "task" in call.params:
+        experimental = speaks_tasks(session)
+        if experimental and "task" in call.params:
             ttl = requested_ttl(call.params["task"])
             if support == "forbidden":
                 raise MethodNotFound(
@@ -280,7 +292,7 @@ class LegacyTasks:
                 )
             _, options = await self.tasks.decide(call, ctx)
             return await self._create_augmented(call, ctx, session, options, ttl)
-        if session.protocol_version == TASKS_VERSION and support == "required":
+        if experimental and support == "required":
             raise MethodNotFound(
                 f"Tool {call.tool.name} requires task augmentation (taskSupport: 'required'); "
                 "call it with params.task"
