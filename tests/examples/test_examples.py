@@ -11,6 +11,17 @@ import pytest
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
+SUBSCRIPTIONS_STORY = [
+    "2. listening to 3 tasks",
+    "    deploy: input_required (asks: Deploy api to production?)",
+    "3. answered deploy's confirmation",
+    "    deploy: completed -> api deployed",
+    "5. terminal: build_report completed, deploy completed, watch_queue cancelled",
+]
+"""Printed in this order (other lines interleave as the notifications race)."""
+
+ORDERED = frozenset({"17_tasks_subscriptions.py", "17_tasks_subscriptions.py ws"})
+
 CASES = {
     "01_first_server.py": ["add(2, 40) = 42"],
     "02_runner_without_mcp.py": [
@@ -26,6 +37,8 @@ CASES = {
         "4. host B adopted it at generation 2 (woken by NOTIFY)",
         "5. completed: report built on host B",
     ],
+    "17_tasks_subscriptions.py": SUBSCRIPTIONS_STORY,
+    "17_tasks_subscriptions.py ws": SUBSCRIPTIONS_STORY,
     "09_tasks_retry.py": [
         "1. attempt 1 asked for a retry; retry_at = 2026-08-25T10:01:00.001Z",
         "4. retry_count 1, retry_at cleared, executor ran twice with one idempotency key",
@@ -44,11 +57,14 @@ CASES = {
             ("08_tasks_durable.py", "tasks-work-descriptor"),
             ("09_tasks_retry.py", "tasks-retry-policy"),
             ("10_tasks_postgres.py", "tasks-recovery-claims"),
+            ("17_tasks_subscriptions.py", "tasks-extension-subscriptions-http"),
+            ("17_tasks_subscriptions.py ws", "tasks-extension-subscriptions"),
         ]
     ],
 )
 def test_example_runs(name: str) -> None:
-    args = [sys.executable, str(EXAMPLES / name)]
+    script, *extra = name.split(" ")
+    args = [sys.executable, str(EXAMPLES / script), *extra]
     if name.startswith("10_"):
         dsn = os.environ.get("TRITASK_TEST_POSTGRES_DSN")
         if not dsn:
@@ -66,3 +82,8 @@ def test_example_runs(name: str) -> None:
     assert completed.returncode == 0, completed.stdout + completed.stderr
     for line in CASES[name]:
         assert line in completed.stdout, completed.stdout
+    if name in ORDERED:
+        printed = completed.stdout.splitlines()
+        positions = [printed.index(line) for line in CASES[name]]
+        assert positions == sorted(positions), completed.stdout
+        assert "    watch_queue: cancelled" in printed, completed.stdout
