@@ -213,6 +213,21 @@ async def test_tool_input_becomes_an_elicitation_request(transport: str, tmp_pat
     assert [params.requested_schema for params in asked] == [NAME_SCHEMA] * 2
 
 
+async def test_task_tool_call_waits_for_the_task(transport: str, tmp_path: Path) -> None:
+    """A tool with a task policy: the legacy request waits for the durable task's result."""
+    seen: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, total, message))
+
+    with trio.fail_after(60):
+        async with connect(transport, tmp_path) as client:
+            result = await client.call_tool("report", {"parts": 2}, progress_callback=on_progress)
+    assert result.is_error is False
+    assert result.content == [types.TextContent(type="text", text="report of 2 parts, in a task")]
+    assert seen == [(1, 2, "part 1"), (2, 2, "part 2")]
+
+
 async def abandon_after_progress(client: Client, tool: str) -> None:
     """Call ``tool``, and cancel the call once its first progress notification arrives."""
     started = trio.Event()
@@ -240,8 +255,9 @@ async def count_until_one(client: Client, tool: str) -> None:
         await trio.sleep(0.01)
 
 
-# the task tool hold joins when task tools are served to legacy clients
-@pytest.mark.parametrize(("tool", "counter"), [("wait", "cancelled_waits")])
+@pytest.mark.parametrize(
+    ("tool", "counter"), [("wait", "cancelled_waits"), ("hold", "cancelled_holds")]
+)
 async def test_abandoned_call_is_cancelled_on_the_server(
     transport: str, tmp_path: Path, tool: str, counter: str
 ) -> None:

@@ -36,6 +36,7 @@ from conformance.harness import (
     start_server,
 )
 from interop_app import NAME_SCHEMA
+from legacy_app import POLL_INTERVAL_MS
 
 pytestmark = pytest.mark.node
 
@@ -310,8 +311,18 @@ def test_tool_input_becomes_an_elicitation_request(run: DriverRun) -> None:
     ], run.report("plain")
 
 
-# cancelWaitedTask joins when task tools are served to legacy clients
-@pytest.mark.parametrize("step", ["cancelTool"])
+def test_task_tool_call_waits_for_the_task(run: DriverRun) -> None:
+    assert run.plain("waitedTask") == {
+        "result": {
+            "content": [{"type": "text", "text": "report of 3 parts, in a task"}],
+            "isError": False,
+        },
+        "progress": PROGRESS,
+        "released": "released",
+    }, run.report("plain")
+
+
+@pytest.mark.parametrize("step", ["cancelTool", "cancelWaitedTask"])
 def test_abort_signal_cancels_the_call_on_the_server(run: DriverRun, step: str) -> None:
     """AbortSignal: the SDK sends ``notifications/cancelled``; the tool (or task) is cancelled."""
     assert run.plain(step) == {
@@ -327,3 +338,87 @@ def test_http_session_is_terminated(run: DriverRun) -> None:
         assert run.plain("terminateSession") is None
         return
     assert run.plain("terminateSession") == {"sessionId": None}, run.report("plain")
+
+
+# -- the tasks client: the 2025-11-25 experimental task protocol -----------------------------------
+
+
+def test_tasks_capability_is_offered_to_a_client_declaring_tasks(run: DriverRun) -> None:
+    capabilities = run.tasks("connect")["capabilities"]
+    assert capabilities["tasks"] == {
+        "list": {},
+        "cancel": {},
+        "requests": {"tools": {"call": {}}},
+    }, run.report("tasks")
+
+
+def test_tools_list_names_task_support(run: DriverRun) -> None:
+    execution = run.tasks("listTools")
+    assert execution["report"] == {"taskSupport": "required"}, run.report("tasks")
+    assert execution["hold"] == {"taskSupport": "required"}, run.report("tasks")
+    assert execution["add"] in (None, {"taskSupport": "forbidden"}), run.report("tasks")
+
+
+def test_call_tool_stream_creates_polls_and_fetches_the_result(run: DriverRun) -> None:
+    messages = run.tasks("stream")
+    assert isinstance(messages, list), run.report("tasks")
+    created, *statuses, final = messages
+    assert created["type"] == "taskCreated", run.report("tasks")
+    task = created["task"]
+    assert task["status"] == "working"
+    assert task["pollInterval"] == POLL_INTERVAL_MS
+    assert isinstance(task["ttl"], int)
+    assert {"taskId", "createdAt", "lastUpdatedAt"} <= set(task)
+    assert statuses, run.report("tasks")
+    assert {status["type"] for status in statuses} == {"taskStatus"}
+    assert {status["taskId"] for status in statuses} == {task["taskId"]}
+    assert statuses[-1]["status"] == "completed"
+    assert {status["status"] for status in statuses[:-1]} <= {"working"}
+    assert final == {
+        "type": "result",
+        "result": {
+            "content": [{"type": "text", "text": "report of 2 parts, in a task"}],
+            "isError": False,
+            "_meta": {"io.modelcontextprotocol/related-task": {"taskId": task["taskId"]}},
+        },
+    }, run.report("tasks")
+
+
+def test_get_task_and_task_result_after_completion(run: DriverRun) -> None:
+    task_id = run.tasks("stream")[0]["task"]["taskId"]
+    got = run.tasks("getTask")
+    assert got["taskId"] == task_id, run.report("tasks")
+    assert got["status"] == "completed"
+    assert "_meta" not in got
+    assert run.tasks("getTaskResult") == {
+        "content": [{"type": "text", "text": "report of 2 parts, in a task"}],
+        "isError": False,
+        "_meta": {"io.modelcontextprotocol/related-task": {"taskId": task_id}},
+    }, run.report("tasks")
+
+
+def test_cancel_task(run: DriverRun) -> None:
+    cancel = run.tasks("cancel")
+    assert isinstance(cancel, dict) and "messages" in cancel, run.report("tasks")
+    created, *statuses, final = cancel["messages"]
+    assert created == {"type": "taskCreated", "status": "working"}, run.report("tasks")
+    assert statuses == [{"type": "taskStatus", "status": "cancelled"}], run.report("tasks")
+    assert final["type"] == "error" and final["error"]["message"].endswith("was cancelled")
+    assert cancel["cancelled"]["status"] == "cancelled", run.report("tasks")
+    assert cancel["statusAfterwards"] == "cancelled"
+    assert cancel["cancelledOnServer"] == 1, run.report("tasks")
+
+
+def test_task_errors(run: DriverRun) -> None:
+    assert run.tasks("cancelAgain")["error"]["code"] == -32602, run.report("tasks")
+    assert run.tasks("unknownTask")["error"]["code"] == -32602, run.report("tasks")
+
+
+def test_list_tasks_shows_this_clients_tasks(run: DriverRun) -> None:
+    assert run.tasks("listTasks") == {
+        "tasks": [
+            {"task": "report", "status": "completed"},
+            {"task": "hold", "status": "cancelled"},
+        ],
+        "nextCursor": None,
+    }, run.report("tasks")
