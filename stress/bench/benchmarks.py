@@ -138,6 +138,16 @@ class ServerProcess:
                     await process.wait()
 
 
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of process ``pid`` (all its threads), from ``/proc``."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _pin_self(cpu: int | None) -> None:
     if cpu is not None and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {cpu})
@@ -189,6 +199,13 @@ def _core_sides(params: CoreParams) -> dict[str, _Side]:
     return sides
 
 
+def _median_cpu(repeats: list[dict[str, Any]]) -> float | None:
+    """The server's CPU time per request, median of the repeats: unlike requests/s it hardly
+    moves when other work shares the machine."""
+    values = [r["serverCpuUs"] for r in repeats if r["serverCpuUs"] is not None]
+    return round(statistics.median(values), 1) if values else None
+
+
 async def bench_core(params: CoreParams) -> dict[str, Any]:
     """Synchronous ``tools/call`` of a trivial tool: tritask vs ``mcp`` 2.3.0, same client.
 
@@ -209,16 +226,15 @@ async def bench_core(params: CoreParams) -> dict[str, Any]:
         ServerProcess.start("core-mcp", *mcp_options, cpu=server_cpu) as mcp_server,
         ServerProcess.start("core-ceiling", cpu=server_cpu) as ceiling_server,
     ):
-        ports = {
-            "tritask": tritask_server.port,
-            "mcp": mcp_server.port,
-            "ceiling": ceiling_server.port,
-        }
+        servers = {"tritask": tritask_server, "mcp": mcp_server, "ceiling": ceiling_server}
+        ports = {key: server.port for key, server in servers.items()}
         for repeat in range(params.repeats):
             for concurrency in params.concurrency:
                 order = tuple(sides) if repeat % 2 == 0 else tuple(reversed(sides))
                 for name in order:
                     side = sides[name]
+                    pid = servers[side.server].process.pid
+                    cpu_before = process_cpu_seconds(pid)
                     result = await run_load(
                         "127.0.0.1",
                         ports[side.server],
@@ -229,8 +245,15 @@ async def bench_core(params: CoreParams) -> dict[str, Any]:
                         check=TOOL_CHECK,
                         session_version=side.session_version,
                     )
+                    cpu_after = process_cpu_seconds(pid)
+                    cpu_us = (
+                        None
+                        if cpu_before is None or cpu_after is None or not result.sent
+                        else (cpu_after - cpu_before) * 1e6 / result.sent
+                    )
                     runs[name][concurrency].append(
                         {
+                            "serverCpuUs": cpu_us,
                             "requestsPerSecond": result.requests_per_second,
                             "requests": result.requests,
                             "errors": result.errors,
@@ -248,6 +271,7 @@ async def bench_core(params: CoreParams) -> dict[str, Any]:
                 "requestsPerSecondRuns": [round(r["requestsPerSecond"], 1) for r in repeats],
                 "requests": sum(r["requests"] for r in repeats),
                 "errors": sum(r["errors"] for r in repeats),
+                "serverCpuUsPerRequest": _median_cpu(repeats),
                 **summarize(latencies),
             }
 
@@ -262,8 +286,13 @@ async def bench_core(params: CoreParams) -> dict[str, Any]:
         }
 
     ratio = ratios("tritask", "mcp")
+    cpu_ratio: dict[str, float | None] = {}
+    for key, figure in figures["tritask"].items():
+        ours, theirs = figure["serverCpuUsPerRequest"], figures["mcp"][key]["serverCpuUsPerRequest"]
+        cpu_ratio[key] = round(theirs / ours, 3) if ours and theirs else None
     errors = sum(v["errors"] for side in figures.values() for v in side.values())
-    extra: dict[str, Any] = {}
+    # mcp's server CPU time per request over tritask's (descriptive: the target is requests/s)
+    extra: dict[str, Any] = {"serverCpuRatio": cpu_ratio}
     if params.ceiling:
         extra["hypercornCeiling"] = figures["ceiling"]
     legacy = params.era == "legacy"

@@ -114,6 +114,8 @@ def _print(result: dict[str, Any]) -> None:
     print(f"  tritask:  {json.dumps(result['tritask'], sort_keys=True)}")
     print(f"  baseline: {json.dumps(result['baseline'], sort_keys=True)}")
     print(f"  ratio:    {json.dumps(result['ratio'], sort_keys=True)}")
+    if "serverCpuRatio" in result:
+        print(f"  server CPU, mcp/tritask: {json.dumps(result['serverCpuRatio'], sort_keys=True)}")
     if "ratioToModern" in result:
         print(f"  tritask modern: {json.dumps(result['tritaskModern'], sort_keys=True)}")
         print(f"  legacy/modern:  {json.dumps(result['ratioToModern'], sort_keys=True)}")

@@ -242,6 +242,8 @@ class LoadResult:
     errors: int
     seconds: float
     latencies: list[float]
+    sent: int = 0
+    """Every request answered, the warm-up's included (what the server's CPU time covers)."""
 
     @property
     def requests_per_second(self) -> float:
@@ -295,10 +297,11 @@ async def run_load(
     errors = 0
     count = 0
     remaining = total
+    sent = 0
     measured_start: float | None = None
 
     async def worker(conn: HttpConnection) -> None:
-        nonlocal errors, count, remaining, measured_start
+        nonlocal errors, count, remaining, measured_start, sent
         while True:
             if remaining is not None:
                 if remaining <= 0:
@@ -309,6 +312,7 @@ async def run_load(
                 return
             status, message = await conn.call(request)
             finished = time.perf_counter()
+            sent += 1
             ok = status == 200 and "result" in message and (check is None or check(status, message))
             if started >= measure_from:
                 if measured_start is None:
@@ -334,4 +338,6 @@ async def run_load(
                 await conn.aclose()
     end = time.perf_counter()
     elapsed = end - (measured_start if measured_start is not None else begin)
-    return LoadResult(requests=count, errors=errors, seconds=elapsed, latencies=latencies)
+    return LoadResult(
+        requests=count, errors=errors, seconds=elapsed, latencies=latencies, sent=sent
+    )

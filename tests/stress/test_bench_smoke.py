@@ -73,6 +73,9 @@ def test_bench_core_legacy_smoke() -> None:
             assert figures["errors"] == 0
             assert figures["requestsPerSecond"] > 0
     for key in ("c1", "c2"):
+        cpu = [result[side][key]["serverCpuUsPerRequest"] for side in ("tritask", "baseline")]
+        assert all(value > 0 for value in cpu), cpu
+        assert result["serverCpuRatio"][key] == round(cpu[1] / cpu[0], 3)
         assert result["ratio"][key] == round(
             result["tritask"][key]["requestsPerSecond"]
             / result["baseline"][key]["requestsPerSecond"],
