@@ -974,3 +974,28 @@ async def test_a_legacy_created_task_survives_a_restart_as_an_ordinary_durable_t
                 assert answer["result"]["status"] == "completed"
                 assert answer["result"]["result"]["content"] == [{"type": "text", "text": "slow x"}]
             recovering.stop()
+
+
+async def test_a_session_holds_a_bounded_number_of_tasks(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with world() as w, stdio_server(w.app) as (peer, _, _):
+        w.tasks.legacy.max_session_tasks = 2
+        await initialized_peer(peer, "2025-11-25", tasks=CLIENT_TASKS)
+        for index in (1, 2):
+            call = legacy(index, "tools/call", name="must", arguments={}, task={"ttl": 5_000})
+            await peer.send(call)
+            assert (await read_until(peer, index))[-1]["result"]["task"][
+                "taskId"
+            ] == f"task-{index}"
+        await peer.send(legacy(3, "tools/call", name="must", arguments={}, task={}))
+        assert (await read_until(peer, 3))[-1]["error"] == {
+            "code": -32603,
+            "message": "This session holds 2 tasks; let some finish and expire first",
+            "data": {"retryable": True},
+        }
+        assert w.task_ids() == ["task-1", "task-2"]
+        await trio.sleep(6)
+        assert await w.runner.reap_once() == ["task-1", "task-2"]
+        await peer.send(legacy(4, "tools/call", name="must", arguments={}, task={}))
+        assert (await read_until(peer, 4))[-1]["result"]["task"]["taskId"] == "task-3"
