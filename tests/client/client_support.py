@@ -1,17 +1,9 @@
-"""A ``tritask serve`` subprocess of the conformance fixture on HTTP and WebSocket at once,
-and the input handlers the client tests answer with."""
+"""The input handlers the client tests answer with, and a client on in-process stdio."""
 
 from __future__ import annotations
 
-import os
-import re
-import signal
-import subprocess
-import sys
-import threading
-from collections.abc import AsyncIterator, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager
-from pathlib import Path
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
@@ -21,76 +13,6 @@ import trio.testing
 from tritask.client import Client, InputRequest
 from tritask.client._framed import FramedConnection
 from tritask.client.stdio import read_lines
-
-REPO = Path(__file__).resolve().parents[2]
-FIXTURE = f"{REPO / 'examples' / 'conformance_fixture.py'}:app"
-STDIO_COMMAND = [sys.executable, "-m", "tritask", "serve", FIXTURE, "--stdio", "--store", "memory:"]
-_HTTP = re.compile(r"serving Streamable HTTP on (?P<url>http://\S+)")
-_WS = re.compile(r"serving WebSocket on (?P<url>ws://\S+)")
-
-
-@attrs.define
-class Served:
-    http: str
-    ws: str
-    stderr: list[str]
-
-
-@contextmanager
-def serve_fixture(timeout: float = 60.0) -> Iterator[Served]:
-    """The fixture served by a real process; SIGINT at the end, and it must exit."""
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tritask",
-            "serve",
-            FIXTURE,
-            "--http",
-            "127.0.0.1:0",
-            "--ws",
-            "127.0.0.1:0",
-            "--store",
-            "memory:",
-        ],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=dict(os.environ),
-    )
-    assert process.stderr is not None
-    lines: list[str] = []
-    found: dict[str, str] = {}
-    ready = threading.Event()
-
-    def drain() -> None:
-        assert process.stderr is not None
-        for line in process.stderr:
-            lines.append(line)
-            for key, pattern in (("http", _HTTP), ("ws", _WS)):
-                match = pattern.search(line)
-                if match:
-                    found[key] = match.group("url")
-            if len(found) == 2:
-                ready.set()
-        ready.set()
-
-    thread = threading.Thread(target=drain, daemon=True)
-    thread.start()
-    try:
-        if not ready.wait(timeout) or len(found) != 2:
-            raise RuntimeError("the fixture did not start:\n" + "".join(lines))
-        yield Served(found["http"], found["ws"], lines)
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        thread.join(timeout=5)
 
 
 @attrs.define

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 import trio
-from client_support import STDIO_COMMAND, Answers, Served, serve_fixture
+from client_support import Answers
+from fixture_process import STDIO_COMMAND, Served, serve_fixture
 
 from tritask.client import (
     Client,
