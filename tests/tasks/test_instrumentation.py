@@ -8,11 +8,19 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from helpers import ELICIT_CAPS, Env, all_strings, start_env, wait_stops
+from helpers import ELICIT_CAPS, START_US, Env, all_strings, start_env, wait_stops
 
 from tritask.server.context import Context
 from tritask.server.mrtr import elicitation
+from tritask.tasks import TrioClock
 from tritask.tasks import instrumentation as ins
+from tritask.tasks.executor import Completed, ExecutionToken
+from tritask.tasks.instrumentation import RecordingInstrumentation
+from tritask.tasks.memory import MemoryStore
+from tritask.tasks.model import new_task
+from tritask.tasks.runner import Runner
+from tritask.tasks.store import Action
+from tritask.tasks.work import Work
 
 pytestmark = pytest.mark.contract("tasks-extension-lifecycle")
 
@@ -79,7 +87,7 @@ async def test_a_completed_job_emits_start_transition_stop(
     assert [name for name, _, _ in events] == list(CORE)
     (_, start_m, start_md), (_, tr_m, tr_md), (_, stop_m, stop_md) = events
     assert start_m == {"jobs": 1, "system_time": 3.0}
-    assert start_md == {"task_id": task_id, "revision": 0, "source": "request"}
+    assert start_md == {"task_id": task_id, "revision": 0, "source": "request", "tool": "work"}
     assert set(tr_m) == {"duration"}
     assert tr_md == {
         "task_id": task_id,
@@ -87,6 +95,7 @@ async def test_a_completed_job_emits_start_transition_stop(
         "event_kind": "completed",
         "authority": "worker",
         "outcome": "applied",
+        "settle": True,
     }
     assert stop_m == {"duration": 2.0, "jobs": 0}
     assert stop_md == {
@@ -94,14 +103,20 @@ async def test_a_completed_job_emits_start_transition_stop(
         "outcome": "completed",
         "store_outcome": "applied",
         "release_outcome": "ok",
+        "source": "request",
+        "tool": "work",
     }
     assert stop_m["duration"] >= tr_m["duration"]
-    # Around them only lease bookkeeping, in order: the claim comes first.
+    # Around them the creation and the lease bookkeeping, in order: the claim comes first.
     names = [name for name, _, md in env.events.events if md.get("task_id") == task_id]
-    assert names == [ins.LEASE_CLAIMED, *CORE]
+    assert names == [ins.LEASE_CLAIMED, ins.JOB_START, ins.TASK_CREATED, *CORE[1:]]
     assert env.named(ins.LEASE_CLAIMED)[0] == (
-        {"generation": 1},
+        {"generation": 1, "duration": 0.0},  # the memory store answers without waiting
         {"task_id": task_id, "source": "request"},
+    )
+    assert env.named(ins.TASK_CREATED)[0] == (
+        {"duration": 0.0},
+        {"task_id": task_id, "tool": "work", "outcome": "created"},
     )
     assert {name for name, _, _ in env.events.events} <= ins.EVENT_NAMES
 
@@ -115,7 +130,10 @@ async def test_a_cancellation_emits_the_request_transition_then_stop(
     await env.result("tasks/cancel", {"taskId": task_id})
     events = _core(env, task_id)
     assert [(name, md) for name, _, md in events] == [
-        (ins.JOB_START, {"task_id": task_id, "revision": 0, "source": "request"}),
+        (
+            ins.JOB_START,
+            {"task_id": task_id, "revision": 0, "source": "request", "tool": "block"},
+        ),
         (
             ins.STORE_TRANSITION,
             {
@@ -124,6 +142,7 @@ async def test_a_cancellation_emits_the_request_transition_then_stop(
                 "event_kind": "cancelled",
                 "authority": "request",
                 "outcome": "applied",
+                "settle": False,
             },
         ),
         (
@@ -133,6 +152,8 @@ async def test_a_cancellation_emits_the_request_transition_then_stop(
                 "outcome": "cancelled",
                 "store_outcome": "not_settled",
                 "release_outcome": "ok",
+                "source": "request",
+                "tool": "block",
             },
         ),
     ]
@@ -209,6 +230,8 @@ async def test_no_payload_ever_reaches_an_event(
             "outcome",
             "store_outcome",
             "release_outcome",
+            "settle",
+            "tool",
         }
 
 
@@ -233,3 +256,47 @@ async def test_a_failing_sink_never_breaks_execution(
     assert detail["result"]["content"] == [{"type": "text", "text": "result "}]
     assert sink.calls >= 4
     assert "instrumentation sink failed" in caplog.text
+
+
+class SlowAnswerStore(MemoryStore):
+    """Commits a settle at once, then answers only when let go, whatever cancels the caller:
+    as a database that committed before an interrupt landed returns its result."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.committed = trio.Event()
+        self.answer = trio.Event()
+
+    async def settle(self, *args: Any, **kwargs: Any) -> Any:
+        result = await super().settle(*args, **kwargs)
+        self.committed.set()
+        with trio.CancelScope(shield=True):
+            await self.answer.wait()
+        return result
+
+
+async def test_an_attempt_settled_while_the_runner_stops_reports_its_outcome(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = SlowAnswerStore(scope="shared", clock=TrioClock(START_US))
+    events = RecordingInstrumentation()
+
+    class Done:
+        async def execute(self, work: Work, token: ExecutionToken, state: Any) -> Completed:
+            return Completed({"content": []})
+
+    runner = Runner(store, executor=Done(), instrumentation=events, reap_interval_ms=None)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(runner.run)
+        access = await store.authorize(None, Action.CREATE, "task-1")
+        await runner.create_task(
+            new_task("task-1", START_US, None, None),
+            Work(idempotency_key="task-1", type="job", input={}),
+            access,
+        )
+        await store.committed.wait()
+        runner.stop()  # while the settle's answer is on its way
+        await trio.sleep(1)
+        store.answer.set()
+    (stop,) = [md for _, md in events.named(ins.JOB_STOP)]
+    assert (stop["outcome"], stop["store_outcome"]) == ("completed", "applied")

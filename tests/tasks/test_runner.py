@@ -86,7 +86,7 @@ async def test_heartbeats_keep_a_long_claim_alive_past_lease_ms(
     detail = await env.wait_status(task_id, "completed")
     assert detail["result"]["content"] == [{"type": "text", "text": "long done"}]
     claimed = [m for m, md in env.named(ins.LEASE_CLAIMED) if md["task_id"] == task_id]
-    assert claimed == [{"generation": 1}]
+    assert claimed == [{"generation": 1, "duration": 0.0}]
     renewed = [m["generation"] for m, md in env.named(ins.LEASE_RENEWED)]
     assert len(renewed) == 59 and set(renewed) == {1}
     assert env.named(ins.LEASE_LOST) == []
@@ -320,6 +320,8 @@ async def test_max_runtime_fails_the_task_and_cancels_the_worker(
             "outcome": "max_runtime",
             "store_outcome": "applied",
             "release_outcome": "ok",
+            "source": "request",
+            "tool": "forever",
         }
     ]
     assert env.history_kinds(task_id) == ["failed"]

@@ -282,8 +282,9 @@ class App:
             caps["resources"] = {"listChanged": True, "subscribe": True}
         if self.completions:
             caps["completions"] = {}
-        if self.extensions:
-            caps["extensions"] = {ext_id: ext.settings() for ext_id, ext in self.extensions.items()}
+        advertised = {i: ext for i, ext in self.extensions.items() if ext.advertised}
+        if advertised:
+            caps["extensions"] = {ext_id: ext.settings() for ext_id, ext in advertised.items()}
         caps.update(self.capability_overrides)
         return caps
 
@@ -304,7 +305,7 @@ class App:
         if name == "completions":
             return bool(self.completions)
         if name == "extensions":
-            return bool(self.extensions)
+            return any(ext.advertised for ext in self.extensions.values())
         return False
 
     # -- extensions ----------------------------------------------------------------------

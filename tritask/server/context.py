@@ -3,8 +3,10 @@
 A context is built per request from that request alone (2026-07-28 is stateless). It offers
 progress and logging on the request's own stream, the caller's principal, the MRTR inputs of a
 retried request, and the request's cancel scope. ``detach()`` makes the form a task worker may
-keep after the request is gone: principal and negotiated capabilities stay; transport, request
-id, progress token, ``_meta`` and request cancellation are dropped.
+keep after the request is gone: principal and negotiated capabilities stay, and of ``_meta``
+the W3C trace context (``traceparent``/``tracestate``: the work continues the request's trace);
+transport, request id, progress token, the rest of ``_meta`` and request cancellation are
+dropped.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ if TYPE_CHECKING:
     from tritask.server.app import App
 
 log = logging.getLogger("tritask.server")
+
+TRACE_CONTEXT_KEYS = ("traceparent", "tracestate")
+"""The ``_meta`` keys of the W3C trace context (reference 1.2) a detached context keeps."""
 
 __all__ = ["Context", "Emit", "InputProvider", "NotInTask", "Relay"]
 
@@ -248,6 +253,7 @@ class Context:
             protocol_version=self.meta.protocol_version,
             client_capabilities=self.meta.client_capabilities,
             client_info=self.meta.client_info,
+            raw={key: self.meta.raw[key] for key in TRACE_CONTEXT_KEYS if key in self.meta.raw},
         )
         return Context(
             app=self.app,

@@ -46,6 +46,9 @@ class Extension:
     """Base class for extensions; override what you need."""
 
     id: str = ""
+    advertised: bool = True
+    """Whether ``server/discover`` lists it under ``capabilities.extensions``: ``False`` for one
+    that changes nothing a client can see or negotiate (tracing, metrics)."""
 
     def attached(self, app: App) -> None:
         """Called once when the extension is added to ``app``."""

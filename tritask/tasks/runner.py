@@ -62,8 +62,9 @@ from tritask.tasks.store import (
     WorkerAuthority,
     settles,
     stamps_creation,
+    work_tool,
 )
-from tritask.tasks.work import JSONObject, Work, ensure_json_object
+from tritask.tasks.work import JSONObject, TraceContext, Work, ensure_json_object
 
 if TYPE_CHECKING:
     from tritask.server.context import Context
@@ -122,6 +123,8 @@ class _Job:
     helpers: set[trio.CancelScope] | None = None
     """Cancel scopes of the attempt's running heartbeat / runtime-limit tasks (if any)."""
     helpers_idle: trio.Event | None = None
+    claim_duration: float | None = None
+    """How long the claim that started this attempt took (``None``: made by the creation)."""
 
 
 @attrs.define(eq=False)
@@ -371,6 +374,7 @@ class Runner:
                     "event_kind": event.kind.value,
                     "authority": "worker" if isinstance(authority, WorkerAuthority) else "request",
                     "outcome": outcome,
+                    "settle": settle,
                 },
             )
 
@@ -457,14 +461,44 @@ class Runner:
         self._require_running()
         if len(self._jobs) >= self.max_jobs:
             raise _JobCapacity()
+        trace = work.trace_context
+        if trace is None and context is not None:
+            trace = TraceContext.from_carrier(context.meta.raw)
+        tool = work_tool(work)
+        started = trio.current_time()
+        outcome = "error"
+        with ins.creating_scope(
+            self.instrumentation,
+            task_id=task.id,
+            tool=tool,
+            work_type=work.type,
+            trace_context=trace,
+        ) as persisted:
+            try:
+                if persisted is not None and persisted != work.trace_context:
+                    work = attrs.evolve(work, trace_context=persisted)
+                snapshot = await self._create(task, work, access, context, stamp)
+                outcome = "created"
+                return snapshot
+            finally:
+                self._emit(
+                    ins.TASK_CREATED,
+                    {"duration": trio.current_time() - started},
+                    {"task_id": task.id, "tool": tool, "outcome": outcome},
+                )
+
+    async def _create(
+        self, task: Task, work: Work, access: Access, context: Context | None, stamp: bool
+    ) -> Snapshot:
         if context is not None:
             self._contexts[task.id] = context
+        started = trio.current_time()
         try:
             if stamp and stamps_creation(self.store):
                 claimed = await self.store.create_claimed_stamped(
                     task, work, access, self.owner_id, self.lease_ms
                 )
-                await self._start(claimed, "request")
+                await self._start(claimed, "request", trio.current_time() - started)
                 return claimed.snapshot
             if stamp:
                 now = await self.store.now()
@@ -473,7 +507,7 @@ class Runner:
                 claimed = await self.store.create_claimed(
                     task, work, access, self.owner_id, self.lease_ms
                 )
-                await self._start(claimed, "request")
+                await self._start(claimed, "request", trio.current_time() - started)
                 return claimed.snapshot
             snapshot = await self.store.create(task, work, access)
         except BaseException:
@@ -539,17 +573,19 @@ class Runner:
         nursery = self._nursery
         if nursery is None or self._stopping.is_set():
             return
+        started = trio.current_time()
         result = await self.store.claim(task_id, self.owner_id, self.lease_ms)
         if isinstance(result, Claimed):
-            await self._start(result, source)
+            await self._start(result, source, trio.current_time() - started)
         elif isinstance(result, Deferred):
             self._schedule_retry(task_id, result.remaining_ms)
 
-    async def _start(self, claimed: Claimed, source: Source) -> None:
+    async def _start(self, claimed: Claimed, source: Source, duration: float) -> None:
+        """Start an attempt on a claim that took ``duration`` seconds to make."""
         snapshot, lease = claimed.snapshot, claimed.lease
         self._emit(
             ins.LEASE_CLAIMED,
-            {"generation": lease.generation},
+            {"generation": lease.generation, "duration": duration},
             {"task_id": lease.task_id, "source": source},
         )
         nursery = self._nursery
@@ -590,6 +626,7 @@ class Runner:
             source=source,
             token=token,
             started_at=trio.current_time(),
+            claim_duration=None if source == "request" else duration,
         )
         token._input = _AttemptInput(self, job)
         context = self._contexts.get(lease.task_id)
@@ -607,7 +644,12 @@ class Runner:
         self._emit(
             ins.JOB_START,
             {"jobs": len(self._jobs), "system_time": trio.current_time()},
-            {"task_id": job.task_id, "revision": job.revision, "source": job.source},
+            {
+                "task_id": job.task_id,
+                "revision": job.revision,
+                "source": job.source,
+                "tool": work_tool(job.work),
+            },
         )
         nursery.start_soon(self._job_main, job)
 
@@ -649,6 +691,20 @@ class Runner:
     # -- one attempt ---------------------------------------------------------------------
 
     async def _job_main(self, job: _Job) -> None:
+        """One attempt, inside the instrumentation's attempt scope (a trace span)."""
+        with ins.attempt_scope(
+            self.instrumentation,
+            task_id=job.task_id,
+            generation=job.lease.generation,
+            source=job.source,
+            tool=work_tool(job.work),
+            work_type=job.work.type,
+            trace_context=job.work.trace_context,
+            claim_duration=job.claim_duration,
+        ):
+            await self._attempt(job)
+
+    async def _attempt(self, job: _Job) -> None:
         """One attempt. Its heartbeat and runtime limit are started by the runner's timer only
         when due (see _spawn_helper), so an attempt that ends sooner never has them, and needs
         no nursery of its own."""
@@ -806,7 +862,10 @@ class Runner:
         if self._jobs.get(job.task_id) is job:
             del self._jobs[job.task_id]
         self._stopped_count += 1
-        outcome = job.stop_reason or job.outcome
+        # An attempt whose final event was committed reports that outcome, even when a stop
+        # (the runner's, say) was asked for while the commit was under way.
+        settled = job.settling and job.store_outcome in ("applied", "duplicate")
+        outcome = job.outcome if settled else job.stop_reason or job.outcome
         self._emit(
             ins.JOB_STOP,
             {"duration": trio.current_time() - job.started_at, "jobs": len(self._jobs)},
@@ -815,6 +874,8 @@ class Runner:
                 "outcome": outcome,
                 "store_outcome": job.store_outcome,
                 "release_outcome": release_outcome,
+                "source": job.source,
+                "tool": work_tool(job.work),
             },
         )
         if job.terminal:
@@ -1078,10 +1139,11 @@ class Runner:
         for _ in range(self.recovery_batch_size):
             if len(self._jobs) >= self.max_jobs or not self.running:
                 break
+            started = trio.current_time()
             claimed = await self.store.claim_next(self.owner_id, self.lease_ms)
             if claimed is None:
                 break
-            await self._start(claimed, "recovery")
+            await self._start(claimed, "recovery", trio.current_time() - started)
             adopted += 1
         return adopted
 

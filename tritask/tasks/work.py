@@ -1,25 +1,33 @@
-"""The durable work descriptor (``Work`` v2), its ``RetryPolicy`` (v1), and the JSON guards.
+"""The durable work descriptor (``Work`` v2/v3), its ``RetryPolicy`` (v1), the W3C
+``TraceContext`` it may carry, and the JSON guards.
 
 Work is what a runner re-executes after recovery, so it holds only JSON and is persisted whole;
 the expanded retry delays travel with it so a configuration change never affects work in flight.
+Its trace context (a request's ``_meta`` ``traceparent``/``tracestate``) travels with it too, so
+a recovered attempt continues the trace its client started.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import attrs
 import orjson
 
 __all__ = [
     "MAX_DELAY_MS",
+    "MAX_TRACESTATE_CHARS",
+    "TRACEPARENT_KEY",
+    "TRACESTATE_KEY",
     "CodecError",
     "InvalidJSON",
     "JSONObject",
     "RetryPolicy",
+    "TraceContext",
     "Work",
     "canonical_json",
     "canonical_text",
@@ -291,6 +299,96 @@ class RetryPolicy:
             raise CodecError(f"invalid retry policy: {exc}") from exc
 
 
+# -- trace context -------------------------------------------------------------------------------
+
+TRACEPARENT_KEY: Final = "traceparent"
+TRACESTATE_KEY: Final = "tracestate"
+MAX_TRACESTATE_CHARS: Final = 512
+"""The W3C minimum a vendor must propagate; a longer ``tracestate`` is dropped, not cut."""
+
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+_TRACESTATE = re.compile(r"[\x20-\x7e]*")
+_ZERO_TRACE = "0" * 32
+_ZERO_SPAN = "0" * 16
+
+
+def _traceparent(_inst: object, _attr: object, value: Any) -> None:
+    if not isinstance(value, str):
+        raise TypeError("traceparent must be a string")
+    match = _TRACEPARENT.fullmatch(value)
+    if match is None:
+        raise ValueError(f"not a W3C traceparent: {value!r}")
+    version, trace_id, span_id, _ = match.groups()
+    if version == "ff" or trace_id == _ZERO_TRACE or span_id == _ZERO_SPAN:
+        raise ValueError(f"invalid W3C traceparent: {value!r}")
+
+
+def _tracestate(_inst: object, _attr: object, value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str):
+        raise TypeError("tracestate must be a string or None")
+    if len(value) > MAX_TRACESTATE_CHARS or _TRACESTATE.fullmatch(value) is None:
+        raise ValueError("tracestate must be at most 512 printable ASCII characters")
+
+
+@attrs.frozen
+class TraceContext:
+    """A validated W3C trace context: where the work's trace continues."""
+
+    traceparent: str = attrs.field(validator=_traceparent)
+    tracestate: str | None = attrs.field(default=None, validator=_tracestate)
+
+    @property
+    def trace_id(self) -> str:
+        return self.traceparent[3:35]
+
+    @property
+    def span_id(self) -> str:
+        return self.traceparent[36:52]
+
+    def carrier(self) -> dict[str, str]:
+        """The W3C text-map carrier (what a propagator extracts from)."""
+        carrier = {TRACEPARENT_KEY: self.traceparent}
+        if self.tracestate:
+            carrier[TRACESTATE_KEY] = self.tracestate
+        return carrier
+
+    @classmethod
+    def from_carrier(cls, carrier: Mapping[str, Any]) -> TraceContext | None:
+        """The trace context of a request's ``_meta`` (or any W3C carrier), if it has a valid
+        one. As W3C requires, an invalid ``traceparent`` is ignored (the trace starts anew)
+        and an invalid ``tracestate`` is dropped; neither is an error of the request. A
+        ``traceparent`` of a later version keeps its first four fields."""
+        text = carrier.get(TRACEPARENT_KEY)
+        if not isinstance(text, str):
+            return None
+        if len(text) > 55 and not text.startswith("00") and text[55] == "-":
+            text = text[:55]
+        try:
+            parent = cls(text)
+        except (TypeError, ValueError):
+            return None
+        state = carrier.get(TRACESTATE_KEY)
+        try:
+            if isinstance(state, str):
+                return cls(parent.traceparent, state.strip() or None)
+        except (TypeError, ValueError):
+            pass
+        return parent
+
+    def to_json(self) -> JSONObject:
+        return {"traceparent": self.traceparent, "tracestate": self.tracestate}
+
+    @classmethod
+    def from_json(cls, doc: object) -> TraceContext:
+        fields = expect_keys(doc, ("traceparent", "tracestate"), "trace context")
+        try:
+            return cls(fields["traceparent"], fields["tracestate"])
+        except (TypeError, ValueError) as exc:
+            raise CodecError(f"invalid trace context: {exc}") from exc
+
+
 def _non_empty_str(what: str) -> Any:
     def check(_inst: object, _attr: object, value: object) -> None:
         if not isinstance(value, str) or not value:
@@ -308,19 +406,33 @@ def _is_policy(_inst: object, _attr: object, value: object) -> None:
         raise TypeError("retry_policy must be a RetryPolicy")
 
 
+def _is_trace(_inst: object, _attr: object, value: Any) -> None:
+    if value is not None and not isinstance(value, TraceContext):
+        raise TypeError("trace_context must be a TraceContext or None")
+
+
+_WORK_V2_KEYS: Final = ("version", "idempotencyKey", "type", "input", "retryPolicy")
+_WORK_V3_KEYS: Final = (*_WORK_V2_KEYS, "traceContext")
+
+
 @attrs.frozen(kw_only=True)
 class Work:
     """What to execute for a task. ``idempotency_key`` equals the task id and stays stable across
     attempts, so external effects can be de-duplicated.
 
     The builder of a Work is the security boundary: persist only stable identity, never a
-    request context or credentials.
+    request context or credentials. ``trace_context`` is the W3C trace the work continues (the
+    runner sets it from the creating request's ``_meta``).
+
+    Codec: version 2 without a trace context (so records written before it existed and records
+    without one are the same bytes), version 3 with one; both decode, each strictly.
     """
 
     idempotency_key: str = attrs.field(validator=_non_empty_str("idempotency_key"))
     type: str = attrs.field(validator=_non_empty_str("type"))
     input: JSONObject = attrs.field(converter=_work_input)
     retry_policy: RetryPolicy = attrs.field(factory=RetryPolicy.none, validator=_is_policy)
+    trace_context: TraceContext | None = attrs.field(default=None, validator=_is_trace)
 
     @classmethod
     def tool_call(
@@ -339,27 +451,33 @@ class Work:
         )
 
     def to_json(self) -> JSONObject:
-        return {
+        doc: JSONObject = {
             "version": 2,
             "idempotencyKey": self.idempotency_key,
             "type": self.type,
             "input": ensure_json(self.input),
             "retryPolicy": self.retry_policy.to_json(),
         }
+        if self.trace_context is not None:
+            doc["version"] = 3
+            doc["traceContext"] = self.trace_context.to_json()
+        return doc
 
     @classmethod
     def from_json(cls, doc: object) -> Work:
-        fields = expect_keys(
-            doc, ("version", "idempotencyKey", "type", "input", "retryPolicy"), "work"
-        )
-        _expect_version(fields, 2, "work")
+        version = doc.get("version") if isinstance(doc, dict) else None
+        if not _is_int(version) or version not in (2, 3):
+            raise CodecError(f"unsupported work version {version!r} (expected 2 or 3)")
+        fields = expect_keys(doc, _WORK_V3_KEYS if version == 3 else _WORK_V2_KEYS, "work")
         policy = RetryPolicy.from_json(fields["retryPolicy"])
+        trace = TraceContext.from_json(fields["traceContext"]) if version == 3 else None
         try:
             return cls(
                 idempotency_key=fields["idempotencyKey"],
                 type=fields["type"],
                 input=fields["input"],
                 retry_policy=policy,
+                trace_context=trace,
             )
         except (TypeError, ValueError) as exc:
             raise CodecError(f"invalid work: {exc}") from exc
