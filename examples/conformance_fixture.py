@@ -35,7 +35,7 @@ from tritask.protocol import wire
 from tritask.protocol.errors import MissingRequiredClientCapability
 from tritask.server.app import App
 from tritask.server.context import Context
-from tritask.server.mrtr import InputRequired, elicitation, list_roots, sampling
+from tritask.server.mrtr import InputRequired, accepted_content, elicitation, list_roots, sampling
 from tritask.server.results import ToolError
 
 # -- media ------------------------------------------------------------------------------
@@ -89,11 +89,7 @@ app = App(
 
 def _accepted_content(ctx: Context, key: str) -> dict[str, JSONValue] | None:
     """The ``content`` of an accepted elicitation answer for ``key``, if the retry carries one."""
-    answer = ctx.input_response(key)
-    if answer is None or answer.get("action") != "accept":
-        return None
-    content = answer.get("content")
-    return content if isinstance(content, dict) else None
+    return accepted_content(ctx.input_response(key))
 
 
 def _sampled_text(ctx: Context, key: str) -> str | None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import trio
 
-from tritask import App, Context, Tasks, ToolError, Work, elicitation
+from tritask import App, Context, Tasks, ToolError, Work, accepted_content, elicitation
 
 USER_NAME_KEY = "user_name"
 
@@ -28,18 +28,30 @@ CONFIRM_SCHEMA = {
 }
 
 
+def _answered_name(ctx: Context) -> str | None:
+    content = accepted_content(ctx.input_response(USER_NAME_KEY))
+    name = content.get("name") if content else None
+    return name if isinstance(name, str) else None
+
+
 def _mrtr_policy(params: Mapping[str, Any], ctx: Context) -> str:
-    """Sync for the MRTR round that asks for a name; a required task once it is answered."""
-    return "required" if params.get("inputResponses") else "sync"
+    """Sync for the MRTR round that asks for a name; a required task once it is answered.
+
+    Only an answer that carries a name (or a name in the arguments) makes the task: a task
+    started without one would ask again, and a task cannot answer ``input_required``.
+    """
+    arguments = params.get("arguments")
+    named = isinstance(arguments, dict) and isinstance(arguments.get("name"), str)
+    if params.get("inputResponses") and (named or _answered_name(ctx) is not None):
+        return "required"
+    return "sync"
 
 
 def _work_builder(task_id: str, tool: str, arguments: dict[str, Any], ctx: Context) -> Work:
     """Project the MRTR answer into the durable work so a restarted worker still has it."""
     if tool == "test_tool_with_task":
-        answer = ctx.input_response(USER_NAME_KEY) or {}
-        content = answer.get("content") if isinstance(answer.get("content"), dict) else {}
-        name = content.get("name") if isinstance(content, dict) else None
-        if isinstance(name, str):
+        name = _answered_name(ctx)
+        if name is not None:
             arguments = {**arguments, "name": name}
     return Work.tool_call(task_id, tool, arguments)
 
@@ -73,8 +85,8 @@ def install_tasks(app: App) -> Tasks:
         response = await ctx.await_input(
             "confirm-delete", elicitation(f"Delete {filename}?", CONFIRM_SCHEMA)
         )
-        content = response.get("content") or {}
-        confirmed = response.get("action") == "accept" and bool(content.get("confirm"))
+        content = accepted_content(response)  # the answer is client input: never trust its shape
+        confirmed = content is not None and content.get("confirm") is True
         return f"Delete confirmed: {str(confirmed).lower()}"
 
     @app.tool()
@@ -84,7 +96,7 @@ def install_tasks(app: App) -> Tasks:
 
         async def ask(key: str, message: str) -> None:
             response = await ctx.await_input(key, elicitation(message, NAME_SCHEMA))
-            content = response.get("content") or {}
+            content = accepted_content(response) or {}
             answers[key] = str(content.get("name", response.get("action")))
 
         async with trio.open_nursery() as nursery:

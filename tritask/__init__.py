@@ -25,6 +25,7 @@ from tritask.server import InputRequired as InputRequired
 from tritask.server import RetryLater as RetryLater
 from tritask.server import ServeEnvironment as ServeEnvironment
 from tritask.server import ToolError as ToolError
+from tritask.server import accepted_content as accepted_content
 from tritask.server import elicitation as elicitation
 from tritask.server import list_roots as list_roots
 from tritask.server import sampling as sampling

@@ -14,7 +14,7 @@ import trio
 
 from tritask.server.app import App
 from tritask.server.context import Context
-from tritask.server.mrtr import elicitation
+from tritask.server.mrtr import accepted_content, elicitation
 from tritask.server.results import RetryLater
 from tritask.tasks.extension import Tasks
 from tritask.tasks.work import RetryPolicy
@@ -76,8 +76,8 @@ def build_demo_app() -> App:
         answer = await ctx.await_input(
             "confirm", elicitation(f"Deploy {service} to production?", CONFIRM)
         )
-        content = answer.get("content") or {}
-        if answer.get("action") != "accept" or not content.get("confirm"):
+        content = accepted_content(answer)  # the answer is client input: never trust its shape
+        if content is None or content.get("confirm") is not True:
             return f"deployment of {service} called off"
         await trio.sleep(1)
         return f"{service} deployed"

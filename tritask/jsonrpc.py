@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import sys
 from typing import Any, ClassVar, Final, TypeAlias
 
 import attrs
@@ -145,6 +147,83 @@ def loads(data: bytes | str) -> JSONValue:
     return json.loads(text, parse_constant=_reject_constant)
 
 
+class UnrepresentableJSON(ValueError):
+    """Valid JSON syntax this server refuses from a peer: it could not answer it faithfully.
+
+    The text is valid JSON, so the request id can be read: it is kept in ``request_id`` and
+    the parse error echoes it (a client waiting for that id gets its answer).
+    """
+
+    request_id: RequestId | None = None
+
+
+#: The largest finite double. An integer beyond it becomes ``inf`` in every peer that reads
+#: numbers as doubles (JavaScript does), and ``float(n)`` raises for it in Python.
+_MAX_DOUBLE: Final = sys.float_info.max
+_SURROGATE_ESCAPE: Final = re.compile(r"\\u[dD][89a-fA-F]")
+_RAW_SURROGATE: Final = re.compile("[\ud800-\udfff]")  # only in text handed in as str
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise UnrepresentableJSON(f"the number {text[:40]} is beyond the range of a double")
+    return value
+
+
+def _double_range_int(text: str) -> int:
+    value = int(text)
+    if len(text) > 300 and abs(value) > _MAX_DOUBLE:
+        raise UnrepresentableJSON(f"the integer {text[:40]}... is beyond the range of a double")
+    return value
+
+
+def _has_surrogate(value: JSONValue) -> bool:
+    if isinstance(value, str):
+        return not value.isascii() and any(0xD800 <= ord(c) <= 0xDFFF for c in value)
+    if isinstance(value, list):
+        return any(_has_surrogate(item) for item in value)
+    if isinstance(value, dict):
+        return any(_has_surrogate(key) or _has_surrogate(item) for key, item in value.items())
+    return False
+
+
+def loads_wire(data: bytes | str) -> JSONValue:
+    """``loads`` for what a peer sends: also refuses what the server could not answer.
+
+    A number beyond the range of a double (``1e400`` reads as ``inf``, which no JSON can carry
+    back; a 400-digit integer overflows ``float()`` in any tool that takes a number) and a lone
+    surrogate escape (``"\\ud800"``: no UTF-8 can encode the reply that echoes it) raise
+    ``UnrepresentableJSON``. orjson refuses all three itself, so the fast path is unchanged and
+    only text the standard library decides is checked. Stored records keep using ``loads``:
+    a value that was accepted once always decodes again.
+    """
+    if not _has_long_digit_run(data):
+        try:
+            value: JSONValue = orjson.loads(data)
+            return value
+        except orjson.JSONDecodeError:
+            pass
+    text = bytes(data).decode("utf-8") if isinstance(data, bytes | bytearray) else data
+    try:
+        value = json.loads(
+            text,
+            parse_constant=_reject_constant,
+            parse_float=_finite_float,
+            parse_int=_double_range_int,
+        )
+        if (_SURROGATE_ESCAPE.search(text) or _RAW_SURROGATE.search(text)) and _has_surrogate(
+            value
+        ):
+            raise UnrepresentableJSON("a string holds a lone surrogate (not a Unicode character)")
+    except UnrepresentableJSON as error:
+        lenient = loads(text)
+        raw_id = lenient.get("id") if isinstance(lenient, dict) else None
+        error.request_id = raw_id if _valid_id(raw_id) else None
+        raise
+    return value
+
+
 def dumps(value: JSONValue) -> str:
     """Compact JSON with no embedded newlines (stdio frames are one line)."""
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
@@ -171,7 +250,9 @@ def load_message(data: bytes | str) -> JSONValue:
     """The JSON value of a message body, or ``MessageError`` -32700 (for a caller that looks
     at the value before deciding how to read it, as the HTTP era detection does)."""
     try:
-        return loads(data)
+        return loads_wire(data)
+    except UnrepresentableJSON as exc:
+        raise MessageError(ParseError(f"Parse error: {exc}"), exc.request_id) from exc
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise MessageError(ParseError("Parse error: the body is not valid JSON"), None) from exc
 

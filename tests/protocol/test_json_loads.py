@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from typing import Any
 
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from tritask.jsonrpc import _has_long_digit_run, loads
+from tritask.jsonrpc import UnrepresentableJSON, _has_long_digit_run, loads, loads_wire
 from tritask.tasks.work import canonical_json, stored_text
 
 
@@ -117,3 +118,77 @@ def test_the_long_digit_guard_finds_exactly_ascii_digit_runs(text: str, as_bytes
     data = text.encode("utf-8", "surrogatepass") if as_bytes else text
     expected = re.search(r"[0-9]{19}", text) is not None
     assert _has_long_digit_run(data) is expected
+
+
+# -- loads_wire: what a peer sends (issue 18) ------------------------------------------------------
+
+
+def unanswerable(value: Any) -> bool:
+    """A number no double can hold, or a lone surrogate: the server could not answer it."""
+    if isinstance(value, float):
+        return value in (float("inf"), float("-inf"))
+    if isinstance(value, int) and not isinstance(value, bool):
+        return abs(value) > sys.float_info.max
+    if isinstance(value, str):
+        return any(0xD800 <= ord(char) <= 0xDFFF for char in value)
+    if isinstance(value, list):
+        return any(unanswerable(item) for item in value)
+    if isinstance(value, dict):
+        return any(unanswerable(key) or unanswerable(item) for key, item in value.items())
+    return False
+
+
+wire_scalars = (
+    scalars
+    | st.integers(min_value=-(10**400), max_value=10**400)
+    | st.sampled_from([10**308, 2**1024, -(2**1024), 2**1024 - 1, "\ud800", "a\udfffb", "😀"])
+)
+wire_values = st.recursive(
+    wire_scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.text(max_size=5) | st.just("\ud800"), inner, max_size=4)
+    ),
+    max_leaves=15,
+)
+
+
+@given(wire_values, st.booleans(), st.booleans())
+@example(2**1024, False, False)  # the smallest integer beyond the largest double
+@example(2**1024 - 1, False, False)  # not beyond it: 309 digits, read exactly
+@example({"\ud800": 1}, True, True)  # a lone surrogate in a key
+@example(["\U0001f600"], True, False)  # escaped as a surrogate pair: one character, fine
+def test_loads_wire_is_loads_without_what_cannot_be_answered(
+    value: Any, ascii_only: bool, as_bytes: bool
+) -> None:
+    text = json.dumps(value, ensure_ascii=ascii_only)
+    data: bytes | str = text.encode("utf-8", "surrogatepass") if as_bytes else text
+    if not unanswerable(value):
+        assert answer(loads_wire, data) == answer(loads, data)
+    elif ascii_only or not any(isinstance(v, str) and unanswerable(v) for v in _leaves(value)):
+        try:
+            loads_wire(data)
+        except UnrepresentableJSON:
+            return
+        raise AssertionError(f"accepted {text[:80]!r}")
+    else:  # a raw (unescaped) surrogate is not UTF-8 at all: refused by both, as before
+        assert answer(loads_wire, data)[0] == "error"
+
+
+def _leaves(value: Any) -> list[Any]:
+    if isinstance(value, list):
+        return [leaf for item in value for leaf in _leaves(item)]
+    if isinstance(value, dict):
+        return [leaf for key, item in value.items() for leaf in (key, *_leaves(item))]
+    return [value]
+
+
+@given(st.sampled_from(["1e400", "-1e400", "1E309", "[0, 1e999]", '{"a": -2e308}']))
+def test_loads_wire_refuses_floats_that_read_as_infinity(text: str) -> None:
+    assert loads(text) in (float("inf"), float("-inf")) or isinstance(loads(text), list | dict)
+    try:
+        loads_wire(text)
+    except UnrepresentableJSON as error:
+        assert "beyond the range of a double" in str(error)
+        return
+    raise AssertionError(text)

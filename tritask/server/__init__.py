@@ -13,6 +13,7 @@ from tritask.server.extension import ToolCall as ToolCall
 from tritask.server.hub import Hub as Hub
 from tritask.server.mrtr import InputRequired as InputRequired
 from tritask.server.mrtr import RequestStateSealer as RequestStateSealer
+from tritask.server.mrtr import accepted_content as accepted_content
 from tritask.server.mrtr import elicitation as elicitation
 from tritask.server.mrtr import list_roots as list_roots
 from tritask.server.mrtr import sampling as sampling

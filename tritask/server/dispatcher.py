@@ -292,6 +292,11 @@ class Dispatcher:
             # it is still the tool's domain error when nothing else is in the group.
             tool_errors, rest = group.split(ToolError)
             if tool_errors is None or rest is not None:
+                # Likewise a group of JSON-RPC errors (each child missing the same capability)
+                # is still that error, not an internal one.
+                protocol_errors, others = group.split(JsonRpcError)
+                if protocol_errors is not None and others is None:
+                    raise _first_leaf(protocol_errors) from group
                 raise
             first = tool_errors.exceptions[0]
             while isinstance(first, ExceptionGroup):
@@ -535,6 +540,13 @@ class Dispatcher:
         finally:
             self.app.hub.close_subscription(subscription)
         return {"_meta": dict(tag)}
+
+
+def _first_leaf(group: BaseExceptionGroup[Exception]) -> Exception:
+    first: Exception | BaseExceptionGroup[Exception] = group.exceptions[0]
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    return first
 
 
 def _wrap(

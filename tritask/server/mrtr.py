@@ -15,7 +15,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -70,6 +70,21 @@ def sampling(
 
 def list_roots() -> dict[str, JSONValue]:
     return {"method": "roots/list", "params": {}}
+
+
+def accepted_content(answer: Mapping[str, JSONValue] | None) -> dict[str, JSONValue] | None:
+    """The ``content`` of an accepted elicitation answer, or ``None``.
+
+    An answer is client input, whatever was asked: ``answer["content"].get(...)`` on a client
+    that sent ``"content": [1]`` raises, and a task tool that raises fails its task with an
+    internal error. This returns the content only when the answer is an object with ``action:
+    "accept"`` and an object ``content`` (declined, cancelled and malformed answers are
+    ``None``), so a tool can read its fields directly; their values still need checking.
+    """
+    if not isinstance(answer, Mapping) or answer.get("action") != "accept":
+        return None
+    content = answer.get("content")
+    return content if isinstance(content, dict) else None
 
 
 def _b64(data: bytes) -> str:

@@ -24,7 +24,7 @@ from tritask.protocol.errors import MissingRequiredClientCapability
 from tritask.protocol.meta import RequestMeta
 from tritask.protocol.versions import LATEST_VERSION
 from tritask.server.app import App, ToolDef
-from tritask.server.context import Context, Relay
+from tritask.server.context import Context, NotInTask, Relay
 from tritask.server.extension import CallNext, Extension, MethodHandler, ServeEnvironment, ToolCall
 from tritask.server.results import RetryLater
 from tritask.server.session import Session
@@ -117,6 +117,14 @@ _TASK_SUPPORT: Final[dict[Mode, TaskSupport]] = {
     "optional": "optional",
     "required": "required",
 }
+
+
+def _only(error: BaseException, kind: type[Exception]) -> bool:
+    """``error`` is a ``kind``, or a group (a tool's own nursery) holding nothing else."""
+    if isinstance(error, BaseExceptionGroup):
+        matched, rest = error.split(kind)
+        return matched is not None and rest is None
+    return isinstance(error, kind)
 
 
 def _normalise(decision: object) -> tuple[Mode, TaskOptions]:
@@ -357,8 +365,21 @@ class Tasks(Extension):
             return await self.legacy.tool_call(call, ctx, call_next)
         mode, options = await self.decide(call, ctx)
         negotiated = ctx.negotiated(EXTENSION_ID)
-        if mode == "sync" or (mode == "optional" and not negotiated):
+        if mode == "sync":
             return await call_next(call, ctx)
+        if mode == "optional" and not negotiated:
+            try:
+                return await call_next(call, ctx)
+            except (NotInTask, ExceptionGroup) as error:
+                # An optional tool that waits for input can only finish as a task: this
+                # request needed the extension it did not declare (not a server failure).
+                if not _only(error, NotInTask):
+                    raise
+                raise MissingRequiredClientCapability(
+                    {"extensions": {EXTENSION_ID: {}}},
+                    f"Tool {call.tool.name} waits for input: it runs as a task only, and this "
+                    f"request did not declare {EXTENSION_ID}",
+                ) from error
         if not negotiated:
             raise MissingRequiredClientCapability({"extensions": {EXTENSION_ID: {}}})
         snapshot = await self.create_snapshot(call, ctx, options, self.new_task_id())

@@ -60,9 +60,10 @@ from tritask.jsonrpc import (
     ParseError,
     Request,
     RequestId,
+    UnrepresentableJSON,
     dumps,
     error_message,
-    loads,
+    loads_wire,
     message_from_value,
     notification_message,
     result_message,
@@ -197,7 +198,10 @@ class MessageConnection:
     async def receive(self, frame: str | bytes) -> None:
         """Handle one frame: start a request, apply a notification, or answer an error."""
         try:
-            value = loads(frame)
+            value = loads_wire(frame)
+        except UnrepresentableJSON as error:
+            await self.refuse(ParseError(f"Parse error: {error}"), error.request_id)
+            return
         except (ValueError, UnicodeDecodeError, RecursionError):
             await self.refuse(ParseError("Parse error: the message is not valid JSON"))
             return
