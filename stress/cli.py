@@ -30,7 +30,7 @@ from stress.wrappers import FAULTS
 from tritask.tasks.store import Store
 from tritask.tasks.stores import store_scheme
 
-__all__ = ["add_stress_command", "build_parser", "main", "run_stress"]
+__all__ = ["add_stress_command", "build_parser", "dump_report", "main", "run_stress"]
 
 log = logging.getLogger("stress")
 
@@ -119,8 +119,10 @@ def _register(commands: Any) -> None:
     both.set_defaults(handler=_handle_all)
 
     from stress.bench.cli import register_bench
+    from stress.fuzz.cli import register_fuzz
 
     register_bench(commands, _common)
+    register_fuzz(commands, _common)
 
 
 # -- running a workload ------------------------------------------------------------------------

@@ -17,6 +17,10 @@ from tritask.transports.http import HttpOptions, serve_http
 # example can take longer than 200 ms without anything being wrong. Speed is measured by the
 # benchmarks, never by the tests.
 settings.register_profile("tritask", deadline=None)
+# A longer fuzz run (issue 18): ``pytest tests/fuzz --hypothesis-profile=fuzz-long``. The fuzz
+# tests run a bounded number of examples under the default profile and ``max_examples`` of
+# any other, per transport.
+settings.register_profile("fuzz-long", deadline=None, max_examples=2000)
 settings.load_profile("tritask")
 
 TEST_STATE_KEY = "tritask-test-state-key-0123456789"

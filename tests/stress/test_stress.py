@@ -187,3 +187,19 @@ def test_workloads_on_the_sql_stores(kind: str, tmp_path: Path) -> None:
     )
     assert status == 0, report["invariants"]
     assert report["invariants"]["jobsPerRunner"]["B"]["started"] >= 1
+
+
+def test_fuzz_against_a_tritask_serve_process_on_sqlite(tmp_path: Path) -> None:
+    """The in-suite size of ``python -m stress fuzz --requests 2000`` (issue 18)."""
+    status, report = run("fuzz", "--requests", "150", "--store", f"sqlite:{tmp_path / 'f.db'}")
+    inv = report["invariants"]
+    assert status == 0, inv["failures"]
+    assert report["ok"] is True
+    assert inv["generatedRequests"] == 150
+    assert inv["requests"] > 150  # discovery, tour and settling come on top
+    assert not any(int(code) >= 500 for code in inv["httpStatuses"])
+    assert "-32603" not in inv["errorCodes"]
+    assert inv["tasksCreated"] > 0
+    assert inv["tasksFailedInternalUnexpected"] == 0
+    assert inv["tracebacks"]["found"] == inv["tracebacks"]["fixtureCrashes"]
+    assert all(inv["checks"].values())
