@@ -129,6 +129,23 @@ def _has_long_digit_run(data: bytes | str) -> bool:
     return _LONG_DIGITS in raw.translate(_DIGITS_TO_ZERO)
 
 
+_UNDECIDED: Final = object()
+
+
+def _orjson_first(data: bytes | str) -> JSONValue:
+    """orjson's value where it is known to agree with the standard library, else ``_UNDECIDED``.
+
+    Never for text with a run of 19 digits (orjson would read an integer beyond 64 bits as a
+    float); anything orjson refuses is left to the standard library, which decides.
+    """
+    if not _has_long_digit_run(data):
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass
+    return _UNDECIDED
+
+
 def loads(data: bytes | str) -> JSONValue:
     """Strict JSON: no NaN/Infinity, UTF-8 only.
 
@@ -137,12 +154,9 @@ def loads(data: bytes | str) -> JSONValue:
     beyond 64 bits would come back a float), and anything it refuses (NaN, a lone surrogate,
     an overflowing float, a syntax error) goes to the standard library, which decides.
     """
-    if not _has_long_digit_run(data):
-        try:
-            value: JSONValue = orjson.loads(data)
-            return value
-        except orjson.JSONDecodeError:
-            pass
+    value = _orjson_first(data)
+    if value is not _UNDECIDED:
+        return value
     text = bytes(data).decode("utf-8") if isinstance(data, bytes | bytearray) else data
     return json.loads(text, parse_constant=_reject_constant)
 
@@ -198,12 +212,9 @@ def loads_wire(data: bytes | str) -> JSONValue:
     only text the standard library decides is checked. Stored records keep using ``loads``:
     a value that was accepted once always decodes again.
     """
-    if not _has_long_digit_run(data):
-        try:
-            value: JSONValue = orjson.loads(data)
-            return value
-        except orjson.JSONDecodeError:
-            pass
+    value = _orjson_first(data)
+    if value is not _UNDECIDED:
+        return value
     text = bytes(data).decode("utf-8") if isinstance(data, bytes | bytearray) else data
     try:
         value = json.loads(
