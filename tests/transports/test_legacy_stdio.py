@@ -88,6 +88,14 @@ def build_app(events: list[str], started: trio.Event | None = None) -> App:
         """A greeting prompt."""
         return f"Hello {name}"
 
+    @app.prompt()
+    async def ask_topic(ctx: Context) -> str | InputRequired:
+        """A prompt that asks which topic (MRTR)."""
+        answer = ctx.input_response("topic")
+        if answer is None:
+            return ctx.input_required({"topic": elicitation("Topic?", NAME_FORM)})
+        return f"About {(answer.get('content') or {}).get('name')}"
+
     return app
 
 
@@ -301,6 +309,29 @@ async def test_an_undeclared_capability_is_a_tool_error_and_a_client_error_too()
             "content": [{"type": "text", "text": "The client answered with error -1: no"}],
             "isError": True,
         }
+
+
+async def test_a_client_error_answering_a_prompts_input_is_not_an_internal_error() -> None:
+    """Issue 18 (legacy fuzzer): the client's refusal was answered -32603 Internal error."""
+    async with stdio_server(build_app([])) as (peer, _, _):
+        await initialized_peer(peer, "2025-11-25", elicitation={})
+        await peer.send(legacy(3, "prompts/get", name="ask_topic"))
+        server_request = await peer.receive()
+        assert server_request["method"] == "elicitation/create"
+        await peer.send(
+            {"jsonrpc": "2.0", "id": server_request["id"], "error": {"code": -1, "message": "no"}}
+        )
+        assert await peer.receive() == {
+            "jsonrpc": "2.0",
+            "id": 3,
+            "error": {
+                "code": -32600,
+                "message": "The client answered with error -1: no",
+                "data": {"clientError": {"code": -1, "message": "no"}},
+            },
+        }
+        await peer.send(legacy(4, "ping"))
+        assert await peer.receive() == {"jsonrpc": "2.0", "id": 4, "result": {}}
 
 
 async def test_cancelled_notification_cancels_the_tool_and_silences_its_id() -> None:

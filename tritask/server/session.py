@@ -33,9 +33,15 @@ Emit = Callable[[dict[str, JSONValue]], Awaitable[None]]
 
 
 class ClientRequestFailed(JsonRpcError):
-    """The client answered a server-initiated request with a JSON-RPC error."""
+    """The client answered a server-initiated request with a JSON-RPC error.
 
-    code = -32603
+    A ``tools/call`` ends as a tool error (``isError``); any other request (``prompts/get``,
+    ``resources/read``) is answered ``-32600``, as a missing client capability is: the client
+    withheld what the request needs, which is no internal error of the server's (issue 18's
+    fuzzer, legacy era, found it answered ``-32603``).
+    """
+
+    code = -32600
     default_message = "The client refused the request"
 
     def __init__(self, error: Mapping[str, JSONValue]) -> None:
