@@ -17,10 +17,14 @@ references and listen filters. What must hold, whatever the parameters:
 It only talks to a socket or a process (``drivers``), discovers the app through its lists, and
 is driven by Hypothesis strategies (``strategies``), so the test suite shrinks what it finds and
 ``python -m stress fuzz`` runs thousands of requests against a ``tritask serve`` process. The
-envelope is an ``Era`` (``eras``): adding the initialize-era is adding an era, not a fuzzer.
+envelope is an ``Era`` (``eras``): ``MODERN``, or a ``LegacyEra`` session (``initialize`` once
+per connection, ``Mcp-Session-Id`` on HTTP, the legacy methods, and the server's own requests
+answered with the results and errors each step drew).
 """
 
 from stress.fuzz.eras import MODERN as MODERN
 from stress.fuzz.eras import Era as Era
+from stress.fuzz.eras import LegacyEra as LegacyEra
+from stress.fuzz.eras import legacy_era as legacy_era
 from stress.fuzz.session import Fuzzer as Fuzzer
 from stress.fuzz.session import Ledger as Ledger

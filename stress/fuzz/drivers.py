@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Final, Protocol
 
@@ -25,6 +25,8 @@ log = logging.getLogger("stress.fuzz")
 
 REQUEST_TIMEOUT: Final = 10.0
 """A request unanswered for this long is a hang (a problem), not a slow answer."""
+RESUMPTIONS: Final = 3
+"""Resumptions of one answer's stream before it counts as unanswered."""
 ACK: Final = "notifications/subscriptions/acknowledged"
 SUBSCRIPTION_ID_KEY: Final = "io.modelcontextprotocol/subscriptionId"
 
@@ -36,6 +38,16 @@ class Reply:
     final: dict[str, Any] | None
     problems: tuple[str, ...] = ()
     body: bytes = b""
+    session_id: str | None = None
+    """The ``Mcp-Session-Id`` an HTTP answer named (the legacy era's ``initialize``)."""
+
+
+Answer = Callable[[dict[str, Any]], Awaitable[None]]
+"""Answers a server-initiated request (``elicitation/create``...) that arrived mid-request."""
+
+
+def _server_request(frame: Any) -> bool:
+    return isinstance(frame, dict) and "method" in frame and "id" in frame
 
 
 def _encode(message: dict[str, Any]) -> bytes:
@@ -63,10 +75,17 @@ class Driver(Protocol):
     name: str
 
     async def send(
-        self, message: dict[str, Any], headers: dict[str, str], *, listen: bool = False
+        self,
+        message: dict[str, Any],
+        headers: dict[str, str],
+        *,
+        listen: bool = False,
+        answer: Answer | None = None,
     ) -> Reply: ...
 
-    async def notify(self, message: dict[str, Any], headers: dict[str, str]) -> None: ...
+    async def notify(self, message: dict[str, Any], headers: dict[str, str]) -> int | None:
+        """Send a message that gets no JSON-RPC answer; the HTTP status where there is one."""
+        ...
 
 
 # -- Streamable HTTP --------------------------------------------------------------------------
@@ -82,7 +101,12 @@ class HttpDriver:
         self.url = url
 
     async def send(
-        self, message: dict[str, Any], headers: dict[str, str], *, listen: bool = False
+        self,
+        message: dict[str, Any],
+        headers: dict[str, str],
+        *,
+        listen: bool = False,
+        answer: Answer | None = None,
     ) -> Reply:
         request_id = message.get("id")
         with trio.fail_after(REQUEST_TIMEOUT):
@@ -90,10 +114,13 @@ class HttpDriver:
                 "POST", self.url, content=_encode(message), headers=headers
             ) as response:
                 kind = response.headers.get("content-type", "").split(";")[0].strip()
+                session_id = response.headers.get("mcp-session-id")
                 if kind != "text/event-stream":
                     body = await response.aread()
-                    return self._plain(response.status_code, kind, body, request_id)
-                return await self._events(response, request_id, listen)
+                    reply = self._plain(response.status_code, kind, body, request_id)
+                else:
+                    reply = await self._events(response, request_id, listen, answer, headers)
+                return attrs.evolve(reply, session_id=session_id)
 
     def _plain(self, status: int, kind: str, body: bytes, request_id: Any) -> Reply:
         if status == 202 and not body:
@@ -108,15 +135,32 @@ class HttpDriver:
         problems = () if final is not None and "jsonrpc" in final else ("not a JSON-RPC message",)
         return Reply(status, (frame,), final, problems, body)
 
-    async def _events(self, response: httpx.Response, request_id: Any, listen: bool) -> Reply:
+    async def _events(
+        self,
+        response: httpx.Response,
+        request_id: Any,
+        listen: bool,
+        answer: Answer | None,
+        headers: dict[str, str],
+        resumptions: int = RESUMPTIONS,
+    ) -> Reply:
+        """Read an SSE answer; a stream the server closed before the answer (a 2025-11-25
+        tool polled, ``Context.close_stream``) is resumed with ``GET`` and ``Last-Event-ID``."""
         messages: list[dict[str, Any]] = []
         problems: list[str] = []
+        status = response.status_code
+        last_id = None
         data: list[str] = []
         async for line in response.aiter_lines():
+            if line.startswith("id:"):
+                last_id = line[3:].strip()
             if line.startswith("data:"):
                 data.append(line[5:].lstrip(" "))
                 continue
             if line or not data:
+                continue
+            if data == [""]:  # a priming event (2025-11-25): an id and a retry, no message
+                data = []
                 continue
             try:
                 frame = json.loads("\n".join(data))
@@ -127,16 +171,36 @@ class HttpDriver:
             if not isinstance(frame, dict):
                 continue
             messages.append(frame)
+            if answer is not None and _server_request(frame):
+                await answer(frame)  # POSTed while this stream stays open, as a client does
+                continue
             if _is_final(frame, request_id):
-                return Reply(response.status_code, tuple(messages), frame, tuple(problems))
+                return Reply(status, tuple(messages), frame, tuple(problems))
             if listen and _acknowledges(frame, request_id):
-                return Reply(response.status_code, tuple(messages), None, tuple(problems))
-        problems.append("the SSE stream ended without a final answer")
-        return Reply(response.status_code, tuple(messages), None, tuple(problems))
+                return Reply(status, tuple(messages), None, tuple(problems))
+        if last_id is None or resumptions <= 0 or "mcp-session-id" not in headers:
+            problems.append("the SSE stream ended without a final answer")
+            return Reply(status, tuple(messages), None, tuple(problems))
+        resume = {
+            "accept": "text/event-stream",
+            "last-event-id": last_id,
+            **{k: v for k, v in headers.items() if k.startswith("mcp-")},
+        }
+        async with self.client.stream("GET", self.url, headers=resume) as resumed:
+            kind = resumed.headers.get("content-type", "").split(";")[0].strip()
+            if kind != "text/event-stream":
+                body = await resumed.aread()
+                problems.append(f"the resumption was answered {resumed.status_code} {kind!r}")
+                return Reply(resumed.status_code, tuple(messages), None, tuple(problems), body)
+            rest = await self._events(resumed, request_id, listen, answer, headers, resumptions - 1)
+        return attrs.evolve(
+            rest, messages=tuple(messages) + rest.messages, problems=tuple(problems) + rest.problems
+        )
 
-    async def notify(self, message: dict[str, Any], headers: dict[str, str]) -> None:
+    async def notify(self, message: dict[str, Any], headers: dict[str, str]) -> int | None:
         with trio.fail_after(REQUEST_TIMEOUT):
-            await self.client.post(self.url, content=_encode(message), headers=headers)
+            response = await self.client.post(self.url, content=_encode(message), headers=headers)
+        return response.status_code
 
 
 # -- message transports (stdio, WebSocket) ----------------------------------------------------
@@ -173,7 +237,10 @@ class MessageDriver:
                 if isinstance(meta, dict):
                     target = meta.get(SUBSCRIPTION_ID_KEY)
         channel = self._waiting.get(target) if isinstance(target, int | str) else None
-        if channel is None and target is None and "error" in value and len(self._waiting) == 1:
+        if channel is None and _server_request(value) and len(self._waiting) == 1:
+            # The fuzzer has one request in flight: a server-initiated request belongs to it.
+            channel = next(iter(self._waiting.values()))
+        elif channel is None and target is None and "error" in value and len(self._waiting) == 1:
             # An error with a null id (a frame the server could not read) answers the one
             # request in flight; the check reports it if it should have named the id.
             channel = next(iter(self._waiting.values()))
@@ -187,7 +254,12 @@ class MessageDriver:
             self.unmatched.append(value)
 
     async def send(
-        self, message: dict[str, Any], headers: dict[str, str], *, listen: bool = False
+        self,
+        message: dict[str, Any],
+        headers: dict[str, str],
+        *,
+        listen: bool = False,
+        answer: Answer | None = None,
     ) -> Reply:
         request_id = message["id"]
         send_channel, receive_channel = trio.open_memory_channel[dict[str, Any]](1000)
@@ -198,6 +270,9 @@ class MessageDriver:
             with trio.fail_after(REQUEST_TIMEOUT):
                 async for frame in receive_channel:
                     messages.append(frame)
+                    if answer is not None and _server_request(frame):
+                        await answer(frame)
+                        continue
                     if frame.pop("_nullId", False):
                         return Reply(
                             None,
@@ -219,8 +294,9 @@ class MessageDriver:
             del self._waiting[request_id]
         return Reply(None, tuple(messages), None, ("the connection closed",))
 
-    async def notify(self, message: dict[str, Any], headers: dict[str, str]) -> None:
+    async def notify(self, message: dict[str, Any], headers: dict[str, str]) -> int | None:
         await self.write(_encode(message))
+        return None
 
     def lost(self) -> None:
         for channel in self._waiting.values():

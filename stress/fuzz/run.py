@@ -42,6 +42,7 @@ async def fuzz(
     With ``fail_fast`` an example that records a violation fails (and is shrunk); without it
     every violation is only recorded, for a report of the whole run.
     """
+    await fuzzer.open()
     await fuzzer.discover()
     await fuzzer.tour()
 
@@ -60,7 +61,7 @@ async def fuzz(
         def example(data: Any) -> None:
             before = len(fuzzer.ledger.violations)
             for _ in range(data.draw(st.integers(min_value=1, max_value=max_steps), "steps")):
-                step = data.draw(steps(fuzzer.catalogue, fuzzer.pool))
+                step = data.draw(steps(fuzzer.catalogue, fuzzer.pool, legacy=fuzzer.legacy))
                 if not fuzzer.exhausted:  # drawn all the same: the choices keep their meaning
                     trio.from_thread.run(fuzzer.run, step)
             found = fuzzer.ledger.violations[before:]

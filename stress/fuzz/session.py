@@ -208,6 +208,8 @@ class Fuzzer:
         """Stop sending generated requests once this many went out (``None``: no limit)."""
         self._ids = itertools.count(1)
         self._live: list[str] = []
+        self.legacy = bool(era.opening())
+        """The initialize era: a session to open, no tasks, server-initiated requests."""
 
     @property
     def exhausted(self) -> bool:
@@ -236,12 +238,46 @@ class Fuzzer:
         listen = method == "subscriptions/listen"
         self.ledger.requests += 1
         self.ledger.methods[method] += 1
+        step = step or Step(method, params, dict(capabilities or {}), dict(meta or {}))
+        answers = list(step.answers)
+
+        async def answer(request: dict[str, Any]) -> None:
+            """Answer what the server asked with the step's next drawn answer (then a refusal)."""
+            asked = str(request.get("method"))
+            self.ledger.methods[f"(server) {asked}"] += 1
+            outcome = answers.pop(0) if answers else {"error": {"code": -32601, "message": "no"}}
+            response, response_headers = self.era.response(request.get("id"), outcome)
+            status = await self.driver.notify(response, response_headers)
+            if status is not None:
+                self.ledger.statuses[str(status)] += 1
+                if status >= 500:
+                    self.ledger.violate(f"HTTP {status} for the answer to {asked}", step)
+
         try:
-            reply = await self.driver.send(message, headers, listen=listen)
+            reply = await self.driver.send(message, headers, listen=listen, answer=answer)
         except trio.TooSlowError:
             reply = Reply(None, (), None, ("no answer within the request timeout (a hang)",))
-        self._check(step or Step(method, params, dict(capabilities or {}), dict(meta or {})), reply)
+        self._check(step, reply)
         return reply
+
+    async def open(self) -> None:
+        """Send the era's opening (``initialize``, ``notifications/initialized``), if any."""
+        for message in self.era.opening():
+            if "id" not in message:
+                _, headers = self.era.notification(str(message["method"]), {})
+                await self.driver.notify(message, headers)
+                continue
+            _, headers = self.era.notification(str(message["method"]), {})
+            self.ledger.requests += 1
+            self.ledger.methods[str(message["method"])] += 1
+            reply = await self.driver.send(message, headers)
+            step = Step(str(message["method"]), dict(message.get("params") or {}), {}, {})
+            self._check(step, reply)
+            result = (reply.final or {}).get("result")
+            requested = step.params.get("protocolVersion")
+            if not isinstance(result, dict) or result.get("protocolVersion") != requested:
+                self.ledger.violate(f"the session did not open at {requested}", step, reply)
+            self.era.opened(reply.session_id)
 
     async def run(self, step: Step) -> Reply | None:
         if self.exhausted:
@@ -291,7 +327,9 @@ class Fuzzer:
             samples = ledger.error_samples.setdefault(code, [])
             if len(samples) < 3 and error["message"] not in samples:
                 samples.append(error["message"][:200])
-            if code == -32603:
+            if code == -32603 and not (
+                self._deliberate(step) and error["message"] == "Task tool failed"
+            ):
                 ledger.violate("-32603", step, reply)
             return
         result = final.get("result")
@@ -301,6 +339,15 @@ class Fuzzer:
         kind = str(result.get("resultType"))
         ledger.results[kind] += 1
         self._learn(step, result)
+
+    def _deliberate(self, step: Step) -> bool:
+        """The fixture's designed crash, called directly (the legacy era waits for its task and
+        relays its failure: ``-32603 Task tool failed``)."""
+        return (
+            self.legacy
+            and step.method == "tools/call"
+            and step.params.get("name") == "protocol_error_job"
+        )
 
     def _learn(self, step: Step, result: dict[str, Any]) -> None:
         """Remember what the server revealed: task ids, input keys, sealed states."""
@@ -370,6 +417,9 @@ class Fuzzer:
         first resource and template, gets the first prompt, completes its first argument and
         listens for the tasks.
         """
+        if self.legacy:
+            await self._legacy_tour()
+            return
         caps = {"elicitation": {}, "sampling": {}, "roots": {}, **TASKS_CAPS}
         catalogue = self.catalogue
         for tool in TASK_OUTCOMES:
@@ -409,6 +459,27 @@ class Fuzzer:
             await self.call("completion/complete", {"ref": ref, "argument": argument}, caps)
         wanted = {"toolsListChanged": True, "taskIds": list(self.ledger.tasks)[:5]}
         await self.call("subscriptions/listen", {"notifications": wanted}, caps)
+
+    async def _legacy_tour(self) -> None:
+        """Every tool once with no arguments (each input it asks for accepted), then one
+        request of each legacy method, before anything is generated."""
+        catalogue = self.catalogue
+        accept = {"result": {"action": "accept", "content": {"name": "Tour", "confirm": True}}}
+        for tool in sorted(catalogue.tools):
+            step = Step("tools/call", {"name": tool, "arguments": {}}, {}, {}, (accept,) * 3)
+            await self.call("tools/call", step.params, step=step)
+        await self.call("logging/setLevel", {"level": "debug"})
+        for uri in catalogue.resources[:1]:
+            await self.call("resources/subscribe", {"uri": uri})
+            await self.call("resources/read", {"uri": uri})
+            await self.call("resources/unsubscribe", {"uri": uri})
+        for prompt, arguments in sorted(catalogue.prompts.items())[:1]:
+            await self.call(
+                "prompts/get", {"name": prompt, "arguments": dict.fromkeys(arguments, "x")}
+            )
+            ref = {"type": "ref/prompt", "name": prompt}
+            argument = {"name": arguments[0] if arguments else "x", "value": "t"}
+            await self.call("completion/complete", {"ref": ref, "argument": argument})
 
     async def task_detail(self, task_id: str) -> dict[str, Any] | None:
         reply = await self.call("tasks/get", {"taskId": task_id}, TASKS_CAPS)
@@ -480,6 +551,12 @@ class Fuzzer:
         return record.tool == "slow_compute" and not _short(record.arguments)
 
     async def alive(self) -> bool:
+        if self.legacy:
+            reply = await self.call("ping", {}, {})
+            if (reply.final or {}).get("result") != {}:
+                self.ledger.violate("the server no longer answers ping", None, reply)
+                return False
+            return True
         reply = await self.call("server/discover", {}, {})
         result = (reply.final or {}).get("result")
         ok = isinstance(result, dict) and isinstance(result.get("supportedVersions"), list)

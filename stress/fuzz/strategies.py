@@ -274,6 +274,10 @@ class Step:
     params: dict[str, Any]
     capabilities: dict[str, Any]
     meta: dict[str, Any]
+    answers: tuple[dict[str, Any], ...] = ()
+    """The legacy era's answers (``{"result": ...}`` or ``{"error": ...}``) to the requests the
+    server sends while this one runs (``elicitation/create``...), in order; drawn in advance,
+    since they are needed on the trio side, mid-request."""
 
 
 def step(draw: Draw, catalogue: Catalogue, pool: Pool) -> Step:
@@ -400,11 +404,74 @@ def listen_filter(draw: Draw, catalogue: Catalogue, pool: Pool) -> Any:
     return wanted
 
 
-def steps(catalogue: Catalogue, pool: Pool) -> st.SearchStrategy[Step]:
+LEGACY_METHODS: Final = (
+    "tools/call",
+    "tools/call",
+    "tools/call",
+    "tools/call",
+    "ping",
+    "logging/setLevel",
+    "resources/subscribe",
+    "resources/unsubscribe",
+    "resources/read",
+    "prompts/get",
+    "completion/complete",
+    "tools/list",
+    "prompts/list",
+    "resources/list",
+    "resources/templates/list",
+)
+LOG_LEVELS: Final = ("debug", "info", "notice", "warning", "error", "critical", "alert")
+
+
+def server_request_answer(draw: Draw) -> dict[str, Any]:
+    """A client's answer to ``elicitation/create``, ``sampling/createMessage``, ``roots/list``:
+    a result shaped for one of them (or junk), or an error."""
+    if one_in(draw, 4):
+        code = draw(st.sampled_from([-32601, -32602, -32603, -1, 0]) | st.integers(-40000, 40000))
+        error: dict[str, Any] = {"code": code, "message": draw(_TEXT)}
+        if one_in(draw, 3):
+            error["data"] = draw(json_values)
+        return {"error": error}
+    result = answer(draw)
+    return {"result": result if isinstance(result, dict) and not one_in(draw, 10) else {}}
+
+
+def legacy_step(draw: Draw, catalogue: Catalogue, pool: Pool) -> Step:
+    """A request inside an initialize-era session (the session holds the capabilities)."""
+    method = draw(st.sampled_from(LEGACY_METHODS))
+    params: dict[str, Any]
+    if method == "tools/call":
+        params = tool_call(draw, catalogue, pool, task=False)
+        params.pop("inputResponses", None)  # MRTR: the legacy era asks with requests instead
+        params.pop("requestState", None)
+    elif method == "logging/setLevel":
+        level = draw(st.sampled_from(LOG_LEVELS)) if not one_in(draw, 5) else draw(json_values)
+        params = {"level": level}
+    elif method in ("resources/subscribe", "resources/unsubscribe", "resources/read"):
+        params = {"uri": resource_uri(draw, catalogue)}
+    elif method == "prompts/get":
+        params = prompt_get(draw, catalogue)
+    elif method == "completion/complete":
+        params = completion(draw, catalogue)
+    else:
+        params = {} if not one_in(draw, 10) else {"cursor": draw(json_values)}
+    meta: dict[str, Any] = {}
+    if one_in(draw, 4):
+        meta["progressToken"] = draw(st.integers(0, 10**6) | _NAMES)
+    answers = tuple(
+        server_request_answer(draw) for _ in range(draw(st.integers(min_value=0, max_value=3)))
+    )
+    return Step(method, params, {}, meta, answers)
+
+
+def steps(catalogue: Catalogue, pool: Pool, *, legacy: bool = False) -> st.SearchStrategy[Step]:
     """One request; drawn one at a time, so a step sees what the server answered before it."""
 
     @st.composite
     def build(draw: Draw) -> Step:
+        if legacy:
+            return legacy_step(draw, catalogue, pool)
         return step(draw, catalogue, pool)
 
     return build()
