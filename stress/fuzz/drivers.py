@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Final, Protocol
@@ -69,6 +70,29 @@ def _acknowledges(frame: Any, request_id: Any) -> bool:
     params = frame.get("params")
     meta = params.get("_meta") if isinstance(params, dict) else None
     return isinstance(meta, dict) and meta.get(SUBSCRIPTION_ID_KEY) == request_id
+
+
+_SSE_LINE_END: Final = re.compile(r"\r\n|\r|\n")
+
+
+async def _sse_lines(response: httpx.Response) -> AsyncIterator[str]:
+    """The lines of an SSE body, ended by CR, LF or CRLF only (the SSE grammar).
+
+    Not ``aiter_lines``: it also splits at U+2028, U+0085 and the like, which JSON carries
+    unescaped inside strings (a tool echoing generated text broke its event in two).
+    """
+    buffer = ""
+    async for chunk in response.aiter_text():
+        text = buffer + chunk
+        held = ""
+        if text.endswith("\r"):  # maybe the first half of a CRLF split across chunks
+            text, held = text[:-1], "\r"
+        *lines, buffer = _SSE_LINE_END.split(text)
+        buffer += held
+        for line in lines:
+            yield line
+    if buffer.rstrip("\r"):
+        yield buffer.rstrip("\r")
 
 
 class Driver(Protocol):
@@ -151,7 +175,7 @@ class HttpDriver:
         status = response.status_code
         last_id = None
         data: list[str] = []
-        async for line in response.aiter_lines():
+        async for line in _sse_lines(response):
             if line.startswith("id:"):
                 last_id = line[3:].strip()
             if line.startswith("data:"):
@@ -165,7 +189,7 @@ class HttpDriver:
             try:
                 frame = json.loads("\n".join(data))
             except ValueError:
-                problems.append("an SSE event is not JSON")
+                problems.append(f"an SSE event is not JSON: {chr(10).join(data)[:120]!r}")
                 frame = None
             data = []
             if not isinstance(frame, dict):

@@ -259,3 +259,14 @@ async def test_a_direct_call_whose_nursery_children_raise_one_json_rpc_error_ans
         Request(id=5, method="tools/call", params=message["params"])
     )
     assert response["error"] == {"code": -32602, "message": "count is not allowed today"}
+
+
+async def test_the_fuzzer_splits_sse_lines_only_at_cr_and_lf() -> None:
+    """The legacy fuzzer's first flake: httpx's ``aiter_lines`` also splits at U+2028 and
+    U+0085, which JSON carries raw inside a string, and so broke a tool's echoed text in two."""
+    from stress.fuzz.drivers import _sse_lines
+
+    body = 'id: 1\r\ndata: {"text": "a\u2028b\x85c"}\r\n\r\ndata: x\rdata: y\n'.encode()
+    response = httpx.Response(200, content=body)
+    lines = [line async for line in _sse_lines(response)]
+    assert lines == ["id: 1", 'data: {"text": "a\u2028b\x85c"}', "", "data: x", "data: y"]
