@@ -113,6 +113,8 @@ async def main(directory: Path) -> None:
                 "principal": {"tenant": "tenant-a"},
             }
             print("1. task", task_id, "started at generation", generation)
+            tasks.runner = None
+        tasks.store = None
         print("2. runner and store stopped while the work was in flight")
     await trio.to_thread.run_sync(_assert_secret_not_stored, directory)
     print("3. the request's credential is in none of the store's files")

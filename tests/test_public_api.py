@@ -19,6 +19,7 @@ PUBLIC = {
         "BlobResourceContents",
         "CallToolResult",
         "Completed",
+        "ConfigurationError",
         "Context",
         "EmbeddedResource",
         "ExecutionToken",
@@ -104,6 +105,7 @@ PUBLIC = {
     "tritask.server": [
         "App",
         "CallNext",
+        "ConfigurationError",
         "Context",
         "Dispatcher",
         "Extension",

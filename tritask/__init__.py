@@ -19,6 +19,7 @@ from tritask.protocol.wire import ResourceLink as ResourceLink
 from tritask.protocol.wire import TextContent as TextContent
 from tritask.protocol.wire import TextResourceContents as TextResourceContents
 from tritask.server import App as App
+from tritask.server import ConfigurationError as ConfigurationError
 from tritask.server import Context as Context
 from tritask.server import Extension as Extension
 from tritask.server import InputRequired as InputRequired

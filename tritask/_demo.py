@@ -16,7 +16,7 @@ from tritask.server.app import App
 from tritask.server.context import Context
 from tritask.server.mrtr import accepted_content, elicitation
 from tritask.server.results import RetryLater
-from tritask.tasks.extension import Tasks
+from tritask.tasks.extension import TaskOptions, Tasks
 from tritask.tasks.work import RetryPolicy
 
 CONFIRM = {
@@ -56,7 +56,7 @@ def build_demo_app() -> App:
         await ctx.progress(seconds, seconds)
         return "liftoff"
 
-    @app.tool
+    @app.tool(task="required")
     async def export_report(ctx: Context, quarter: str = "Q3", seconds: int = 5) -> dict[str, str]:
         """Export a quarterly report; always runs as a durable task, reporting progress."""
         steps = max(1, min(seconds, 600))
@@ -70,7 +70,7 @@ def build_demo_app() -> App:
             "key": str(ctx.idempotency_key),
         }
 
-    @app.tool
+    @app.tool(task="required")
     async def deploy(ctx: Context, service: str = "web") -> str:
         """Deploy a service after asking for confirmation inside the task."""
         answer = await ctx.await_input(
@@ -82,7 +82,7 @@ def build_demo_app() -> App:
         await trio.sleep(1)
         return f"{service} deployed"
 
-    @app.tool
+    @app.tool(task=("optional", TaskOptions(retry_policy=FETCH_RETRIES)))
     async def flaky_fetch(ctx: Context, source: str = "orders", failures: int = 2) -> str:
         """Fetch from a flaky source: the first `failures` attempts fail and are retried."""
         key = ctx.idempotency_key or source
@@ -101,15 +101,6 @@ def build_demo_app() -> App:
         """What this server is."""
         return "tritask demo server: durable MCP tasks on trio"
 
-    app.add_extension(
-        Tasks(
-            task_support={
-                "export_report": "required",
-                "deploy": "required",
-                "flaky_fetch": "optional",
-            },
-            retry_policies={"flaky_fetch": FETCH_RETRIES},
-            poll_interval_ms=500,
-        )
-    )
+    # Each task tool declares its policy beside it (@app.tool(task=...)); the extension reads it.
+    app.add_extension(Tasks(poll_interval_ms=500))
     return app

@@ -17,7 +17,7 @@ from pathlib import Path
 import trio
 
 from tritask.server.app import App
-from tritask.server.extension import ServeEnvironment
+from tritask.server.extension import ConfigurationError, ServeEnvironment
 
 log = logging.getLogger("tritask.cli")
 
@@ -297,6 +297,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if handler is not None:
         return int(handler(args) or 0)
     if args.command == "serve":
-        trio.run(serve, args)
+        try:
+            trio.run(serve, args)
+        except ConfigurationError as error:
+            # Refused at start, before anything was opened or bound: one line, no traceback.
+            raise SystemExit(f"tritask: cannot serve {args.app or 'the demo'}: {error}") from None
         return 0
     parser.error(f"unknown command {args.command}")

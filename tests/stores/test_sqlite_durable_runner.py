@@ -194,7 +194,7 @@ async def test_reopening_exclusively_fences_the_dead_claim_and_reclaims_it_at_on
     tracked = Tracked(first_store)
     runner_1 = Runner(tracked, lease_ms=600_000, reap_interval_ms=None)
     kill = await start_killable(nursery, runner_1)
-    tasks.store, tasks.runner = first_store, runner_1
+    tasks.store, tasks.runner = tracked, runner_1
     response = await app.dispatcher.handle_request(tools_call("export", {"document": "q3"}))
     task_id = response["result"]["taskId"]
     with trio.fail_after(30):
@@ -214,7 +214,7 @@ async def test_reopening_exclusively_fences_the_dead_claim_and_reclaims_it_at_on
         assert store.boot_epoch == first_epoch + 1
         retracked = Tracked(store)
         runner_2 = Runner(retracked, recover=True, lease_ms=600_000, reap_interval_ms=None)
-        tasks.store, tasks.runner = store, runner_2
+        tasks.store, tasks.runner = retracked, runner_2
         await nursery.start(runner_2.run)
         done = await eventually(functools.partial(status_is, store, task_id, "completed"))
         (new_lease,) = retracked.leases

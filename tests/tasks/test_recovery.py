@@ -445,7 +445,11 @@ async def _recover(env: Env, nursery: trio.Nursery) -> Runner:
         instrumentation=env.events,
     )
     await nursery.start(runner.run)
-    env.tasks.runner = runner  # wires the app's ToolCallExecutor into it
+    # The extension moves to B and B's store (A's was a wrapper of the same memory store);
+    # store and runner must agree, so A is unwired first. B gets the app's ToolCallExecutor.
+    env.tasks.runner = None
+    env.tasks.store = env.memory
+    env.tasks.runner = runner
     return runner
 
 

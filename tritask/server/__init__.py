@@ -7,6 +7,7 @@ from tritask.server.context import InputProvider as InputProvider
 from tritask.server.context import NotInTask as NotInTask
 from tritask.server.dispatcher import Dispatcher as Dispatcher
 from tritask.server.extension import CallNext as CallNext
+from tritask.server.extension import ConfigurationError as ConfigurationError
 from tritask.server.extension import Extension as Extension
 from tritask.server.extension import ServeEnvironment as ServeEnvironment
 from tritask.server.extension import ToolCall as ToolCall

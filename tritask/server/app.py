@@ -21,7 +21,7 @@ from tritask._groups import is_lone
 from tritask.jsonrpc import InvalidParams, JSONValue
 from tritask.server.arguments import ArgumentContract
 from tritask.server.context import Context
-from tritask.server.extension import Extension, ServeEnvironment
+from tritask.server.extension import ConfigurationError, Extension, ServeEnvironment
 from tritask.server.hub import Hub
 from tritask.server.mrtr import RequestStateSealer
 from tritask.server.schema import compile_validator, signature_schema, type_schema
@@ -33,6 +33,20 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_./-]{1,64}$")
+
+_TOOL_KEYWORDS: frozenset[str] = frozenset(
+    {
+        "name",
+        "description",
+        "title",
+        "input_schema",
+        "output_schema",
+        "annotations",
+        "meta",
+        "restartable",
+    }
+)
+"""``App.tool``'s own keywords (suggested when an extension option is misspelt)."""
 
 Authorize = Callable[[Context, str, str], Awaitable[None]]
 """``authorize(ctx, kind, name)``: raise a JSON-RPC error to refuse (kind: tool/prompt/resource)."""
@@ -79,6 +93,10 @@ class ToolDef:
     meta: dict[str, JSONValue] | None = None
     context_param: str | None = None
     restartable: bool = True
+    options: Mapping[str, object] = attrs.field(factory=dict)
+    """The extensions' keyword options given to ``@app.tool`` (e.g. ``task="required"`` for
+    the Tasks extension): each key is read by the extension that claims it in
+    ``Extension.tool_options``; one nobody claims stops the app at start."""
     validator: Draft202012Validator = attrs.field(eq=False, repr=False)
     contract: ArgumentContract = attrs.field(eq=False, repr=False)
     """Which arguments ``fn`` can take (``tritask.server.arguments``)."""
@@ -318,10 +336,36 @@ class App:
         self.extensions[extension.id] = extension
         extension.attached(self)
 
+    def check(self) -> None:
+        """Refuse a configuration that cannot be served (``ConfigurationError``, one line).
+
+        A tool option no extension reads (``@app.tool(tsk=...)``), then each extension's own
+        ``check`` (the Tasks extension: policies naming unknown tools, a policy given twice).
+        ``running()`` calls it before opening anything.
+        """
+        claimed: set[str] = set()
+        for extension in self.extensions.values():
+            claimed |= extension.tool_options
+        for tool in self.tools.values():
+            unknown = sorted(set(tool.options) - claimed)
+            if unknown:
+                raise ConfigurationError.unknown(
+                    f"tool {tool.name!r}: the @app.tool keyword",
+                    unknown[0],
+                    claimed | _TOOL_KEYWORDS,
+                )
+        for extension in self.extensions.values():
+            extension.check(self)
+
     @asynccontextmanager
     async def running(self, env: ServeEnvironment | None = None) -> AsyncIterator[App]:
-        """Open every extension's resources for as long as the app is served."""
+        """Open every extension's resources for as long as the app is served.
+
+        The configuration is checked first (``check()``): a ``ConfigurationError`` leaves
+        nothing opened.
+        """
         env = env or ServeEnvironment()
+        self.check()
         raised: BaseException | None = None
         unwrapped: BaseException | None = None
         try:
@@ -362,6 +406,7 @@ class App:
         annotations: dict[str, JSONValue] | None = None,
         meta: dict[str, JSONValue] | None = None,
         restartable: bool = True,
+        **options: Any,
     ) -> Callable[[F], F]: ...
 
     def tool(
@@ -375,11 +420,14 @@ class App:
         annotations: dict[str, JSONValue] | None = None,
         meta: dict[str, JSONValue] | None = None,
         restartable: bool = True,
+        **options: Any,
     ) -> F | Callable[[F], F]:
         """Register an async function as a tool; its schema is derived unless given.
 
         Works bare (``@app.tool``) and called (``@app.tool()``, ``@app.tool("name", ...)``):
-        a bare decorator that silently registered nothing would be a trap.
+        a bare decorator that silently registered nothing would be a trap. Other keywords are
+        options for the app's extensions (``task=...`` for the Tasks extension), kept in
+        ``ToolDef.options``; one no extension reads stops the app at start.
         """
 
         def register(fn: F) -> F:
@@ -393,6 +441,7 @@ class App:
                 annotations=annotations,
                 meta=meta,
                 restartable=restartable,
+                **options,
             )
             return fn
 
@@ -412,6 +461,7 @@ class App:
         annotations: dict[str, JSONValue] | None = None,
         meta: dict[str, JSONValue] | None = None,
         restartable: bool = True,
+        **options: Any,
     ) -> ToolDef:
         """Register ``fn`` as a tool; the schema it advertises and the arguments it takes agree.
 
@@ -449,6 +499,7 @@ class App:
             meta=meta,
             context_param=context_param,
             restartable=restartable,
+            options=dict(options),
             validator=validator,
             contract=contract,
         )

@@ -6,7 +6,8 @@ the same power. Every hook has a harmless default.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+import difflib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,25 @@ class ToolCall:
 CallNext = Callable[[ToolCall, "Context"], Awaitable[dict[str, JSONValue]]]
 
 
+class ConfigurationError(ValueError):
+    """The app's configuration cannot be served: raised at start, before anything is opened.
+
+    ``App.check()`` (called first by ``App.running()``, so by ``tritask serve``) raises it for a
+    keyword option of ``@app.tool`` that no extension reads, and extensions raise it from their
+    ``check`` hook (e.g. a policy naming a tool the app does not have). The message is one line
+    that names what is wrong and what was expected.
+    """
+
+    @classmethod
+    def unknown(cls, what: str, name: str, known: Iterable[str]) -> ConfigurationError:
+        """``"<what> 'nmae' is unknown (did you mean 'name'?); known: 'a', 'name'"``."""
+        choices = sorted(set(known))
+        close = difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        listed = ", ".join(repr(choice) for choice in choices) if choices else "none"
+        return cls(f"{what} {name!r} is unknown{hint}; known: {listed}")
+
+
 @attrs.frozen
 class ServeEnvironment:
     """What the process that serves the app knows (the CLI fills it from its flags)."""
@@ -50,8 +70,21 @@ class Extension:
     """Whether ``server/discover`` lists it under ``capabilities.extensions``: ``False`` for one
     that changes nothing a client can see or negotiate (tracing, metrics)."""
 
+    tool_options: frozenset[str] = frozenset()
+    """Keyword options of ``@app.tool(...)``/``App.add_tool`` this extension reads from
+    ``ToolDef.options`` (e.g. ``task`` for the Tasks extension). A keyword no registered
+    extension claims stops the app at start (``ConfigurationError``)."""
+
     def attached(self, app: App) -> None:
         """Called once when the extension is added to ``app``."""
+
+    def check(self, app: App) -> None:
+        """Validate this extension's configuration against ``app`` at start.
+
+        Called by ``App.check()``, before any extension's ``lifespan`` is entered (so nothing is
+        opened for an app that cannot be served); raise ``ConfigurationError`` with a one-line
+        message. Default: nothing to check.
+        """
 
     def settings(self) -> dict[str, JSONValue]:
         """Advertised as ``capabilities.extensions[id]`` in ``server/discover``."""

@@ -25,7 +25,14 @@ from tritask.protocol.meta import RequestMeta
 from tritask.protocol.versions import LATEST_VERSION
 from tritask.server.app import App, ToolDef
 from tritask.server.context import Context, NotInTask, Relay
-from tritask.server.extension import CallNext, Extension, MethodHandler, ServeEnvironment, ToolCall
+from tritask.server.extension import (
+    CallNext,
+    ConfigurationError,
+    Extension,
+    MethodHandler,
+    ServeEnvironment,
+    ToolCall,
+)
 from tritask.server.results import RetryLater
 from tritask.server.session import Session
 from tritask.tasks.executor import (
@@ -55,6 +62,10 @@ log = logging.getLogger("tritask.tasks")
 
 EXTENSION_ID: Final = "io.modelcontextprotocol/tasks"
 UNKNOWN_TASK: Final = "Unknown or inaccessible taskId"
+_MISMATCH: Final = (
+    "Tasks(store=..., runner=...): the runner runs on another store than the one given; pass "
+    "Runner(store) for the same store, or the runner alone (its store is used)"
+)
 CONTINUATION: Final = (
     "Task worker returned a continuation; use ctx.await_input or finish MRTR before creating a task"
 )
@@ -125,6 +136,31 @@ def _only(error: BaseException, kind: type[Exception]) -> bool:
         matched, rest = error.split(kind)
         return matched is not None and rest is None
     return isinstance(error, kind)
+
+
+TOOL_OPTION: Final = "task"
+"""The ``@app.tool`` keyword this extension reads: ``@app.tool(task="required")``."""
+_POLICY_FORMS: Final = (
+    "'sync', 'optional', 'required', a TaskOptions (required, with those options), "
+    "(mode, TaskOptions) or a callable (params, ctx) -> decision"
+)
+
+
+def _declared(policy: object) -> Policy:
+    """A policy given as ``@app.tool(task=...)``: ``TaskOptions(...)`` alone means required."""
+    if isinstance(policy, TaskOptions):
+        return ("required", policy)
+    return policy  # type: ignore[return-value]  # checked by _invalid_policy at start
+
+
+def _invalid_policy(policy: object) -> bool:
+    if callable(policy):
+        return False
+    try:
+        _normalise(policy)
+    except InternalError:
+        return True
+    return False
 
 
 def _normalise(decision: object) -> tuple[Mode, TaskOptions]:
@@ -206,6 +242,7 @@ class Tasks(Extension):
     """``io.modelcontextprotocol/tasks``: durable tasks around selected tools."""
 
     id = EXTENSION_ID
+    tool_options = frozenset({TOOL_OPTION})
 
     def __init__(
         self,
@@ -231,7 +268,9 @@ class Tasks(Extension):
             raise ValueError("ttl_ms must be a positive integer or None (never expires)")
         if poll_interval_ms is not None and poll_interval_ms <= 0:
             raise ValueError("poll_interval_ms must be a positive integer or None")
-        self.store = store
+        if store is not None and runner is not None and runner.store is not store:
+            raise ValueError(_MISMATCH)
+        self._store = store
         self._runner: Runner | None = None
         self._unwire: Callable[[], None] | None = None
         self.task_support: dict[str, Policy] = dict(task_support or {})
@@ -261,12 +300,31 @@ class Tasks(Extension):
     # -- wiring --------------------------------------------------------------------------
 
     @property
+    def store(self) -> Store | None:
+        """The store tasks are kept in (the runner's store, when a runner was given)."""
+        if self._store is None and self._runner is not None:
+            return self._runner.store
+        return self._store
+
+    @store.setter
+    def store(self, store: Store | None) -> None:
+        if store is not None and self._runner is not None and self._runner.store is not store:
+            raise ValueError(_MISMATCH)
+        self._store = store
+
+    @property
     def runner(self) -> Runner | None:
         return self._runner
 
     @runner.setter
     def runner(self, runner: Runner | None) -> None:
-        """Switch runners (e.g. after a restart in-process); the new one is wired to the app."""
+        """Switch runners (e.g. after a restart in-process); the new one is wired to the app.
+
+        A runner on another store than ``store`` is refused (``ValueError``): tasks would be
+        created in one store and executed, recovered and reaped from the other.
+        """
+        if runner is not None and self._store is not None and runner.store is not self._store:
+            raise ValueError(_MISMATCH)
         if self._unwire is not None:
             self._unwire()
             self._unwire = None
@@ -385,9 +443,15 @@ class Tasks(Extension):
         snapshot = await self.create_snapshot(call, ctx, options, self.new_task_id())
         return create_task_result(snapshot.task)
 
-    def task_support_of(self, tool_name: str) -> TaskSupport:
+    def policy_of(self, tool: ToolDef) -> Policy:
+        """The tool's policy: ``@app.tool(task=...)``, else ``task_support``, else sync."""
+        if TOOL_OPTION in tool.options:
+            return _declared(tool.options[TOOL_OPTION])
+        return self.task_support.get(tool.name, "sync")
+
+    def task_support_of(self, tool: ToolDef) -> TaskSupport:
         """A tool's ``execution.taskSupport`` for clients that read it (a callable: optional)."""
-        policy = self.task_support.get(tool_name, "sync")
+        policy = self.policy_of(tool)
         if callable(policy):
             return "optional"
         try:
@@ -398,7 +462,7 @@ class Tasks(Extension):
 
     async def decide(self, call: ToolCall, ctx: Context) -> tuple[Mode, TaskOptions]:
         """The tool's policy for this call: its mode and per-call options."""
-        policy = self.task_support.get(call.tool.name, "sync")
+        policy = self.policy_of(call.tool)
         if callable(policy):
             try:
                 decision = policy(call.params, ctx)
@@ -411,6 +475,50 @@ class Tasks(Extension):
                 raise InternalError("Tasks policy raised") from error
             return _normalise(decision)
         return _normalise(policy)
+
+    def check(self, app: App) -> None:
+        """At start: every tool named by ``task_support``/``retry_policies`` exists, each
+        policy is well formed, and no tool gets its policy both ways with different values."""
+        known = app.tools
+        for mapping in ("task_support", "retry_policies"):
+            for name in getattr(self, mapping):
+                if name not in known:
+                    raise ConfigurationError.unknown(f"Tasks({mapping}=...): tool", name, known)
+        for name, policy in self.task_support.items():
+            if _invalid_policy(policy):
+                raise ConfigurationError(
+                    f"Tasks(task_support=...): the policy of tool {name!r} is {policy!r}; "
+                    f"expected {_POLICY_FORMS}"
+                )
+        for tool in known.values():
+            if TOOL_OPTION not in tool.options:
+                continue
+            declared = tool.options[TOOL_OPTION]
+            if _invalid_policy(_declared(declared)):
+                raise ConfigurationError(
+                    f"tool {tool.name!r}: @app.tool(task={declared!r}) is not a task policy; "
+                    f"expected {_POLICY_FORMS}"
+                )
+            if tool.name in self.task_support and self.task_support[tool.name] != declared:
+                raise ConfigurationError(
+                    f"tool {tool.name!r} declares its task policy twice, differently: "
+                    f"@app.tool(task={declared!r}) and Tasks(task_support={{{tool.name!r}: "
+                    f"{self.task_support[tool.name]!r}}}); keep one"
+                )
+            options = declared if isinstance(declared, TaskOptions) else None
+            if isinstance(declared, tuple) and len(declared) == 2:
+                options = declared[1]
+            if (
+                options is not None
+                and isinstance(options.retry_policy, RetryPolicy)
+                and tool.name in self.retry_policies
+                and self.retry_policies[tool.name] != options.retry_policy
+            ):
+                raise ConfigurationError(
+                    f"tool {tool.name!r} declares its retry policy twice, differently: in "
+                    f"@app.tool(task=TaskOptions(retry_policy=...)) and in "
+                    f"Tasks(retry_policies=...); keep one"
+                )
 
     def new_task_id(self) -> str:
         task_id = self.id_generator()

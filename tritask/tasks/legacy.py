@@ -252,7 +252,7 @@ class LegacyTasks:
     def tool_fields(self, tool: ToolDef, session: Session) -> dict[str, JSONValue]:
         if not speaks_tasks(session):
             return {}
-        return {"execution": {"taskSupport": self.tasks.task_support_of(tool.name)}}
+        return {"execution": {"taskSupport": self.tasks.task_support_of(tool)}}
 
     def observe(self, snapshot: Snapshot) -> None:
         """Every transition the local runner applies: wake followers, tell the owner session."""
@@ -281,7 +281,7 @@ class LegacyTasks:
     ) -> dict[str, JSONValue]:
         session = ctx.session
         assert session is not None
-        support = self.tasks.task_support_of(call.tool.name)
+        support = self.tasks.task_support_of(call.tool)
         experimental = speaks_tasks(session)
         if experimental and "task" in call.params:
             ttl = requested_ttl(call.params["task"])
