@@ -34,6 +34,7 @@ from stress.bench.loadgen import (
 )
 from stress.bench.raw import raw_limit
 from stress.common import prepared_store_url
+from tritask.server.dispatcher import Dispatcher
 from tritask.tasks.stores import store_scheme
 
 __all__ = [
@@ -500,7 +501,7 @@ async def _tasks_in_process(params: TasksParams, url: str) -> dict[str, Any]:
     latencies: list[float] = []
     failures: list[str] = []
     async with bench.store, bench.app.running(ServeEnvironment(store_url=url)):
-        dispatcher = bench.app.dispatcher
+        dispatcher = Dispatcher(bench.app)
         counter = iter(range(params.tasks))
 
         async def client() -> None:

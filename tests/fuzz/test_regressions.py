@@ -26,6 +26,7 @@ from stress.fuzz.session import LogWatch
 from tritask.cli import load_app
 from tritask.jsonrpc import InvalidParams, Request
 from tritask.server import App
+from tritask.server.dispatcher import Dispatcher
 from tritask.server.extension import ServeEnvironment
 from tritask.server.mrtr import accepted_content
 from tritask.transports.http import serve_http
@@ -255,7 +256,7 @@ async def test_a_direct_call_whose_nursery_children_raise_one_json_rpc_error_ans
         return "unreachable"
 
     message, _ = MODERN.request(5, "tools/call", {"name": "fan_out", "arguments": {}}, {})
-    response = await app.dispatcher.handle_request(
+    response = await Dispatcher(app).handle_request(
         Request(id=5, method="tools/call", params=message["params"])
     )
     assert response["error"] == {"code": -32602, "message": "count is not allowed today"}

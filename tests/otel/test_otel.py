@@ -37,6 +37,7 @@ from tritask.otel import EXTENSION_ID, OpenTelemetry
 from tritask.protocol.meta import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY
 from tritask.server.app import App
 from tritask.server.context import Context
+from tritask.server.dispatcher import Dispatcher
 from tritask.server.results import RetryLater, ToolError
 from tritask.tasks import TrioClock, parse_instant
 from tritask.tasks.extension import EXTENSION_ID as TASKS_ID
@@ -125,7 +126,7 @@ def call(name: str, arguments: dict[str, JSONValue], **meta: JSONValue) -> Reque
 
 
 async def result_of(app: App, request: Request) -> dict[str, Any]:
-    response = await app.dispatcher.handle_request(request)
+    response = await Dispatcher(app).handle_request(request)
     assert "result" in response, response
     result: dict[str, Any] = response["result"]
     return result

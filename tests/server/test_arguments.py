@@ -15,6 +15,7 @@ import pytest
 from tritask.jsonrpc import Request
 from tritask.protocol.meta import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY
 from tritask.server import App, Context
+from tritask.server.dispatcher import Dispatcher
 
 V = "2026-07-28"
 
@@ -25,7 +26,7 @@ async def call_tool(app: App, name: str, arguments: Any) -> dict[str, Any]:
         "arguments": arguments,
         "_meta": {PROTOCOL_VERSION_KEY: V, CLIENT_CAPABILITIES_KEY: {}},
     }
-    response: dict[str, Any] = await app.dispatcher.handle_request(
+    response: dict[str, Any] = await Dispatcher(app).handle_request(
         Request(id=7, method="tools/call", params=params)
     )
     return response

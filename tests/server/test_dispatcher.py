@@ -26,9 +26,11 @@ from tritask.server import (
     InputRequired,
     ToolError,
     elicitation,
+    invocation,
     list_roots,
     sampling,
 )
+from tritask.server.dispatcher import Dispatcher
 
 V = "2026-07-28"
 SERVER_INFO = {"name": "test-app", "version": "0.0.1"}
@@ -91,7 +93,7 @@ async def call(
         body["_meta"] = meta()
     elif meta_ is not None:
         body["_meta"] = meta_
-    return await app.dispatcher.handle_request(
+    return await Dispatcher(app).handle_request(
         Request(id=request_id, method=method, params=body),
         headers=hv,
         emit=emit,
@@ -132,7 +134,7 @@ class ItemsExtension(Extension):
 
     async def _ask(self, params: dict[str, JSONValue], ctx: Context) -> dict[str, JSONValue]:
         asked = InputRequired({"q": elicitation("?", {"type": "object"})})
-        return ctx.app.dispatcher.input_required_result(asked, ctx)
+        return invocation.input_required_result(asked, ctx)
 
 
 @pytest.fixture
@@ -288,7 +290,7 @@ async def test_missing_meta_fields_are_invalid_params(
 
 
 async def test_params_absent_entirely(app: App) -> None:
-    response = await app.dispatcher.handle_request(
+    response = await Dispatcher(app).handle_request(
         Request(id=3, method="server/discover"), headers=headers("server/discover")
     )
     assert error_of(response, -32602)["message"].startswith("params._meta is required")

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from tritask.jsonrpc import InvalidParams, Request
 from tritask.protocol.meta import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY
 from tritask.server import App, InputRequired, RequestStateSealer, elicitation
+from tritask.server.dispatcher import Dispatcher
 
 KEY = b"k" * 32
 INVALID = "requestState is invalid or has expired"
@@ -200,7 +201,7 @@ async def test_dispatcher_refuses_arbitrary_request_state(token: str) -> None:
         "requestState": token,
         "_meta": {PROTOCOL_VERSION_KEY: "2026-07-28", CLIENT_CAPABILITIES_KEY: {}},
     }
-    response = await app.dispatcher.handle_request(
+    response = await Dispatcher(app).handle_request(
         Request(id=1, method="tools/call", params=params)
     )
     assert response == {"jsonrpc": "2.0", "id": 1, "error": {"code": -32602, "message": INVALID}}

@@ -22,6 +22,7 @@ from tritask.jsonrpc import JSONValue, Request
 from tritask.protocol.meta import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY
 from tritask.server.app import App
 from tritask.server.context import Context
+from tritask.server.dispatcher import Dispatcher
 from tritask.tasks.events import Event
 from tritask.tasks.executor import Completed, ExecutionToken, Outcome, Retry
 from tritask.tasks.extension import EXTENSION_ID, Tasks
@@ -195,7 +196,7 @@ async def test_reopening_exclusively_fences_the_dead_claim_and_reclaims_it_at_on
     runner_1 = Runner(tracked, lease_ms=600_000, reap_interval_ms=None)
     kill = await start_killable(nursery, runner_1)
     tasks.store, tasks.runner = tracked, runner_1
-    response = await app.dispatcher.handle_request(tools_call("export", {"document": "q3"}))
+    response = await Dispatcher(app).handle_request(tools_call("export", {"document": "q3"}))
     task_id = response["result"]["taskId"]
     with trio.fail_after(30):
         await started.wait()

@@ -21,6 +21,7 @@ from tritask.jsonrpc import JSONValue, Request
 from tritask.protocol.meta import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY
 from tritask.server.app import App
 from tritask.server.context import Emit
+from tritask.server.dispatcher import Dispatcher
 from tritask.tasks import TrioClock, format_instant, parse_instant
 from tritask.tasks.events import Event
 from tritask.tasks.executor import ExecutionToken, Outcome
@@ -174,7 +175,7 @@ class Env:
             caps=caps,
             meta_extra=meta_extra,
         )
-        response: dict[str, Any] = await self.app.dispatcher.handle_request(
+        response: dict[str, Any] = await Dispatcher(self.app).handle_request(
             req, principal=principal, emit=emit, cancel_scope=cancel_scope
         )
         return response

@@ -28,6 +28,7 @@ from helpers import (
 
 from tritask.server.app import App
 from tritask.server.context import Context
+from tritask.server.dispatcher import Dispatcher
 from tritask.server.extension import ServeEnvironment
 from tritask.server.mrtr import elicitation
 from tritask.tasks import TrioClock, format_instant
@@ -712,7 +713,7 @@ async def test_an_answer_accepted_by_another_node_reaches_the_worker_at_its_hear
         {"taskId": task_id, "inputResponses": {"ok": {"action": "accept"}}},
         caps=ELICIT_CAPS,
     )
-    response = await app_b.dispatcher.handle_request(update)
+    response = await Dispatcher(app_b).handle_request(update)
     assert response["result"]["resultType"] == "complete"
     assert (await env.get(task_id))["status"] == "working"  # accepted by the store at once
     detail = await env.wait_status(task_id, "completed")
@@ -746,7 +747,7 @@ async def test_a_cancel_through_another_node_stops_the_attempt_at_its_heartbeat(
     task_id = await env.create("forever")
     app_b, _ = await _second_node(env, nursery)
     await trio.sleep_until(3.0)
-    response = await app_b.dispatcher.handle_request(request("tasks/cancel", {"taskId": task_id}))
+    response = await Dispatcher(app_b).handle_request(request("tasks/cancel", {"taskId": task_id}))
     assert response["result"]["resultType"] == "complete"
     assert (await env.get(task_id))["status"] == "cancelled"
     assert stopped_at == []  # node B has no attempt to stop; node A learns at its heartbeat
@@ -783,7 +784,7 @@ async def test_serving_lifespan_opens_and_fully_stops_its_store_and_runner(
     async with app.running(ServeEnvironment(store_url="memory:")):
         assert tasks.store is not None and tasks.runner is not None and tasks.runner.running
         runner = tasks.runner
-        response = await app.dispatcher.handle_request(
+        response = await Dispatcher(app).handle_request(
             request("tools/call", {"name": "forever", "arguments": {}})
         )
         task_id = response["result"]["taskId"]

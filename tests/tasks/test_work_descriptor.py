@@ -30,6 +30,7 @@ from tritask_sqlite import SqliteStore
 from tritask.jsonrpc import JSONValue
 from tritask.server.app import App
 from tritask.server.context import Context
+from tritask.server.dispatcher import Dispatcher
 from tritask.tasks import instrumentation as ins
 from tritask.tasks.events import effects_to_json
 from tritask.tasks.executor import Completed, ExecutionToken, Outcome, Retry
@@ -227,7 +228,7 @@ async def test_a_work_builder_persists_only_its_projection_in_a_sqlite_file(
         )
         app.add_extension(tasks)
         call = request("tools/call", {"name": "export", "arguments": {"document": "q3"}})
-        response = await app.dispatcher.handle_request(call, principal=PRINCIPAL)
+        response = await Dispatcher(app).handle_request(call, principal=PRINCIPAL)
         task_id = response["result"]["taskId"]
         access = await store.authorize(_Ctx(PRINCIPAL), Action.GET, task_id)
 
@@ -324,7 +325,7 @@ async def test_refused_creations_store_nothing_and_the_input_limit_is_exact_to_t
 
         async def call(padding: str) -> dict[str, Any]:
             message = request("tools/call", {"name": "pad", "arguments": {"padding": padding}})
-            response: dict[str, Any] = await app.dispatcher.handle_request(message)
+            response: dict[str, Any] = await Dispatcher(app).handle_request(message)
             return response
 
         outcomes = {}

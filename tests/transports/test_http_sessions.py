@@ -21,6 +21,8 @@ from hypothesis import strategies as st
 
 from tritask.jsonrpc import loads
 from tritask.server.app import App
+from tritask.server.dispatcher import Dispatcher
+from tritask.server.legacy import LegacyDispatcher
 from tritask.server.session import Session
 from tritask.transports._http_sessions import HttpSession, SessionsFull, SessionTable
 from tritask.transports._sse_streams import STANDALONE, EventLog
@@ -61,7 +63,9 @@ def make_app() -> App:
 
 
 def new_session(app: App, principal: Any = None) -> Session:
-    session, _ = app.legacy_dispatcher.initialize(loads(INITIALIZE_PARAMS), principal=principal)
+    session, _ = LegacyDispatcher(Dispatcher(app)).initialize(
+        loads(INITIALIZE_PARAMS), principal=principal
+    )
     return session
 
 

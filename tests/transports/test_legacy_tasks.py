@@ -25,6 +25,7 @@ from test_stdio import Peer, cancel, request, stdio_server
 from tritask.jsonrpc import InvalidParams, JSONValue
 from tritask.server.app import App
 from tritask.server.context import Context
+from tritask.server.dispatcher import Dispatcher
 from tritask.server.mrtr import elicitation, sampling
 from tritask.server.results import ToolError
 from tritask.tasks import TrioClock
@@ -426,7 +427,9 @@ async def test_results_errors_and_cancellation_by_others_in_legacy_shape(
         await w.probe.started.wait()
         (task_id,) = set(w.task_ids()) - set(await _settled(w))
         # A 2026-07-28 caller of the same store scope cancels it (the store scope is shared).
-        modern = await w.app.dispatcher.handle_request(_modern("tasks/cancel", {"taskId": task_id}))
+        modern = await Dispatcher(w.app).handle_request(
+            _modern("tasks/cancel", {"taskId": task_id})
+        )
         assert modern["result"]["resultType"] == "complete"
         assert await peer.receive() == {
             "jsonrpc": "2.0",
@@ -533,9 +536,9 @@ async def test_capabilities_and_task_support_only_for_2025_11_25_clients_declari
                     else:
                         assert "execution" not in tools[name]
         # 2026-07-28 never sees the legacy capability or the tool field.
-        discover = await w.app.dispatcher.handle_request(_modern("server/discover", {}))
+        discover = await Dispatcher(w.app).handle_request(_modern("server/discover", {}))
         assert "tasks" not in discover["result"]["capabilities"]
-        listed = await w.app.dispatcher.handle_request(_modern("tools/list", {}))
+        listed = await Dispatcher(w.app).handle_request(_modern("tools/list", {}))
         assert all("execution" not in tool for tool in listed["result"]["tools"])
 
 
@@ -968,7 +971,7 @@ async def test_a_legacy_created_task_survives_a_restart_as_an_ordinary_durable_t
             await w.wait_status("task-2", "completed")
             # 2026-07-28 callers of the store scope see them like any other task.
             for task_id in ("task-1", "task-2"):
-                answer = await w.app.dispatcher.handle_request(
+                answer = await Dispatcher(w.app).handle_request(
                     _modern("tasks/get", {"taskId": task_id})
                 )
                 assert answer["result"]["status"] == "completed"

@@ -11,24 +11,20 @@ import inspect
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
+from typing import Any, Literal, TypeVar, overload
 
 import attrs
 import trio
 from jsonschema.validators import Draft202012Validator
 
 from tritask._groups import is_lone
-from tritask.jsonrpc import InvalidParams, JSONValue
+from tritask.jsonrpc import JSONValue
 from tritask.server.arguments import ArgumentContract
 from tritask.server.context import Context
 from tritask.server.extension import ConfigurationError, Extension, ServeEnvironment
 from tritask.server.hub import Hub
 from tritask.server.mrtr import RequestStateSealer
 from tritask.server.schema import compile_validator, signature_schema, type_schema
-
-if TYPE_CHECKING:
-    from tritask.server.dispatcher import Dispatcher
-    from tritask.server.legacy import LegacyDispatcher
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
@@ -251,28 +247,8 @@ class App:
         self.extensions: dict[str, Extension] = {}
         self.hub = Hub()
         self.capability_overrides: dict[str, JSONValue] = {}
-        self._dispatcher: Dispatcher | None = None
-        self._legacy_dispatcher: LegacyDispatcher | None = None
         for extension in extensions:
             self.add_extension(extension)
-
-    @property
-    def dispatcher(self) -> Dispatcher:
-        """The request router for this app (built on first use)."""
-        if self._dispatcher is None:
-            from tritask.server.dispatcher import Dispatcher
-
-            self._dispatcher = Dispatcher(self)
-        return self._dispatcher
-
-    @property
-    def legacy_dispatcher(self) -> LegacyDispatcher:
-        """The router for initialize-era (2025) sessions, on the same handlers."""
-        if self._legacy_dispatcher is None:
-            from tritask.server.legacy import LegacyDispatcher
-
-            self._legacy_dispatcher = LegacyDispatcher(self.dispatcher)
-        return self._legacy_dispatcher
 
     # -- identity ------------------------------------------------------------------------
 
@@ -657,19 +633,7 @@ class App:
             "notifications/resources/updated", {"uri": uri}, {"resourceSubscriptions": [uri]}
         )
 
-    # -- running handlers ----------------------------------------------------------------
-
-    async def invoke(
-        self,
-        fn: Callable[..., Awaitable[Any]],
-        context_param: str | None,
-        ctx: Context,
-        arguments: Mapping[str, Any],
-    ) -> Any:
-        kwargs = dict(arguments)
-        if context_param is not None:
-            kwargs[context_param] = ctx
-        return await fn(**kwargs)
+    # -- lookups ---------------------------------------------------------------------------
 
     def find_template(self, uri: str) -> tuple[ResourceTemplateDef, dict[str, str]] | None:
         for template in self.resource_templates.values():
@@ -677,14 +641,6 @@ class App:
             if variables is not None:
                 return template, variables
         return None
-
-    def tool_or_error(self, name: JSONValue) -> ToolDef:
-        if not isinstance(name, str) or not name:
-            raise InvalidParams("tools/call requires a non-empty string params.name")
-        tool = self.tools.get(name)
-        if tool is None:
-            raise InvalidParams(f"Unknown tool: {name}", {"name": name})
-        return tool
 
 
 def json_schema_for(annotation: Any) -> dict[str, JSONValue]:

@@ -24,33 +24,27 @@ from tritask.jsonrpc import (
     result_message,
 )
 from tritask.protocol import headers as hdr
-from tritask.protocol.capabilities import declared_extensions, require_input_request
+from tritask.protocol.capabilities import declared_extensions
 from tritask.protocol.errors import (
     MissingRequiredClientCapability,
     ResourceNotFound,
     UnsupportedProtocolVersion,
 )
 from tritask.protocol.meta import (
-    SERVER_INFO_KEY,
     SUBSCRIPTION_ID_KEY,
     parse_optional_meta,
     parse_request_meta,
 )
 from tritask.protocol.versions import INPUT_REQUIRED_METHODS, SUPPORTED_VERSIONS
+from tritask.server import invocation
 from tritask.server.app import App, ToolDef
 from tritask.server.context import Context, Emit
-from tritask.server.extension import CallNext, ToolCall
 from tritask.server.mrtr import InputRequired
 from tritask.server.results import (
     InvalidResult,
-    RetryLater,
-    ToolError,
     prompt_result,
     resource_contents,
-    tool_error_result,
-    tool_result,
 )
-from tritask.server.schema import validation_errors
 
 log = logging.getLogger("tritask.server")
 
@@ -61,12 +55,6 @@ _LIST_FLAGS = {
     "promptsListChanged": "prompts",
     "resourcesListChanged": "resources",
 }
-
-
-def _name_param(method: str, params: Mapping[str, JSONValue]) -> str | None:
-    source = hdr.CORE_NAME_SOURCES.get(method)
-    value = params.get(source) if source else None
-    return value if isinstance(value, str) else None
 
 
 class Dispatcher:
@@ -163,13 +151,7 @@ class Dispatcher:
 
     def shape(self, result: dict[str, JSONValue]) -> dict[str, JSONValue]:
         """Every result carries ``resultType`` and names the server in ``_meta``."""
-        shaped = dict(result)
-        shaped.setdefault("resultType", "complete")
-        meta = shaped.get("_meta")
-        merged: dict[str, JSONValue] = dict(meta) if isinstance(meta, dict) else {}
-        merged[SERVER_INFO_KEY] = self.app.server_info
-        shaped["_meta"] = merged
-        return shaped
+        return invocation.shape(self.app, result)
 
     # -- routing and negotiation ---------------------------------------------------------
 
@@ -248,94 +230,12 @@ class Dispatcher:
         raw_state = params.get("requestState")
         if raw_state is not None:
             state = self.app.sealer.open(
-                raw_state, method=method, name=_name_param(method, params), principal=principal
+                raw_state,
+                method=method,
+                name=invocation.name_param(method, params),
+                principal=principal,
             )
         return responses, state
-
-    # -- helpers shared with extensions --------------------------------------------------
-
-    def input_required_result(self, value: InputRequired, ctx: Context) -> dict[str, JSONValue]:
-        """Shape an ``InputRequired``: only on MRTR methods, only for declared capabilities."""
-        if ctx.method not in INPUT_REQUIRED_METHODS:
-            raise InternalError(f"{ctx.method} cannot answer with input_required")
-        for request in value.input_requests.values():
-            require_input_request(dict(ctx.client_capabilities), request)
-        result: dict[str, JSONValue] = {"resultType": "input_required"}
-        if value.input_requests:
-            result["inputRequests"] = dict(value.input_requests)
-        if ctx.session is not None:
-            # An initialize-era session answers the inputs itself (server-initiated requests,
-            # tritask.server.legacy): the state never leaves the process, so it is not sealed.
-            if value.state is not None:
-                result["requestState"] = value.state
-        elif value.state is not None:
-            result["requestState"] = self.app.sealer.seal(
-                value.state,
-                method=ctx.method,
-                name=_name_param(ctx.method, ctx.params),
-                principal=ctx.principal,
-            )
-        return result
-
-    async def run_tool(self, call: ToolCall, ctx: Context) -> dict[str, JSONValue]:
-        """Execute a validated tool call and shape its result (what a direct call returns)."""
-        try:
-            value = await self.app.invoke(
-                call.tool.fn, call.tool.context_param, ctx, call.arguments
-            )
-        except ToolError as error:
-            if isinstance(error, RetryLater) and ctx.detached:
-                raise  # inside a task the runtime decides about retries (ToolCallExecutor)
-            return self.shape(tool_error_result(str(error)))
-        except ExceptionGroup as group:
-            # A ToolError raised inside a tool's own nursery arrives wrapped (strict groups);
-            # it is still the tool's domain error when nothing else is in the group.
-            tool_errors, rest = group.split(ToolError)
-            if tool_errors is None or rest is not None:
-                # Likewise a group of JSON-RPC errors (each child missing the same capability)
-                # is still that error, not an internal one.
-                protocol_errors, others = group.split(JsonRpcError)
-                if protocol_errors is not None and others is None:
-                    raise _first_leaf(protocol_errors) from group
-                raise
-            first = tool_errors.exceptions[0]
-            while isinstance(first, ExceptionGroup):
-                first = first.exceptions[0]
-            if isinstance(first, RetryLater) and ctx.detached:
-                raise first from None
-            return self.shape(tool_error_result(str(first)))
-        if isinstance(value, InputRequired):
-            return self.shape(self.input_required_result(value, ctx))
-        try:
-            return self.shape(tool_result(value))
-        except InvalidResult as error:
-            log.error("tool %s returned an invalid result: %s", call.tool.name, error)
-            raise InternalError("Tool returned an invalid result") from error
-
-    def prepare_tool_call(
-        self, name: JSONValue, arguments: JSONValue, params: Mapping[str, JSONValue]
-    ) -> ToolCall | dict[str, JSONValue]:
-        """Look up and validate: a ``ToolCall``, or the ``isError`` result for bad arguments.
-
-        The tool-argument contract (``tritask.server.arguments``) in order: names the function
-        cannot take are ``-32602`` (generated schemas), then schema errors are an ``isError``
-        result, then a missing parameter is ``-32602`` and extras an explicit schema allows are
-        dropped. It runs before the extensions' ``around_tool_call``, so no task is created
-        from arguments its tool cannot take, and again when task work is executed.
-        """
-        tool = self.app.tool_or_error(name)
-        if arguments is None:
-            arguments = {}
-        if not isinstance(arguments, dict):
-            raise InvalidParams("tools/call params.arguments must be an object")
-        tool.contract.refuse_unknown(arguments)
-        errors = validation_errors(tool.validator, arguments)
-        if errors:
-            return tool_error_result(
-                f"Invalid arguments for tool {tool.name}: " + "; ".join(errors)
-            )
-        admitted = tool.contract.admit(arguments)
-        return ToolCall(tool=tool, arguments=admitted, params=params)
 
     # -- core methods --------------------------------------------------------------------
 
@@ -365,16 +265,7 @@ class Dispatcher:
         return self._cacheable({"tools": tools})
 
     async def _tools_call(self, params: dict[str, JSONValue], ctx: Context) -> dict[str, JSONValue]:
-        tool = self.app.tool_or_error(params.get("name"))
-        if self.app.authorize is not None:
-            await self.app.authorize(ctx, "tool", tool.name)
-        prepared = self.prepare_tool_call(tool.name, params.get("arguments"), params)
-        if not isinstance(prepared, ToolCall):
-            return prepared
-        chain: CallNext = self.run_tool
-        for extension in reversed(list(self.app.extensions.values())):
-            chain = _wrap(extension.around_tool_call, chain)
-        return await chain(prepared, ctx)
+        return await invocation.call_tool(params, ctx)
 
     async def _prompts_list(
         self, params: dict[str, JSONValue], ctx: Context
@@ -406,9 +297,9 @@ class Dispatcher:
         missing = [a.name for a in prompt.arguments if a.required and a.name not in arguments]
         if missing:
             raise InvalidParams(f"Missing required prompt arguments: {', '.join(missing)}")
-        value = await self.app.invoke(prompt.fn, prompt.context_param, ctx, arguments)
+        value = await invocation.invoke(prompt.fn, prompt.context_param, ctx, arguments)
         if isinstance(value, InputRequired):
-            return self.input_required_result(value, ctx)
+            return invocation.input_required_result(value, ctx)
         try:
             return prompt_result(value, prompt.description)
         except InvalidResult as error:
@@ -447,9 +338,9 @@ class Dispatcher:
             fn, context_param, mime_type = template.fn, template.context_param, template.mime_type
         if self.app.authorize is not None:
             await self.app.authorize(ctx, "resource", uri)
-        value = await self.app.invoke(fn, context_param, ctx, arguments)
+        value = await invocation.invoke(fn, context_param, ctx, arguments)
         if isinstance(value, InputRequired):
-            return self.input_required_result(value, ctx)
+            return invocation.input_required_result(value, ctx)
         if value is None:
             raise ResourceNotFound(uri)
         try:
@@ -540,19 +431,3 @@ class Dispatcher:
         finally:
             self.app.hub.close_subscription(subscription)
         return {"_meta": dict(tag)}
-
-
-def _first_leaf(group: BaseExceptionGroup[Exception]) -> Exception:
-    first: Exception | BaseExceptionGroup[Exception] = group.exceptions[0]
-    while isinstance(first, BaseExceptionGroup):
-        first = first.exceptions[0]
-    return first
-
-
-def _wrap(
-    hook: Callable[[ToolCall, Context, CallNext], Awaitable[dict[str, JSONValue]]], inner: CallNext
-) -> CallNext:
-    async def call(call: ToolCall, ctx: Context) -> dict[str, JSONValue]:
-        return await hook(call, ctx, inner)
-
-    return call

@@ -23,6 +23,7 @@ from tritask.jsonrpc import InternalError, InvalidParams, JsonRpcError, JSONValu
 from tritask.protocol.errors import MissingRequiredClientCapability
 from tritask.protocol.meta import RequestMeta
 from tritask.protocol.versions import LATEST_VERSION
+from tritask.server import invocation
 from tritask.server.app import App, ToolDef
 from tritask.server.context import Context, NotInTask, Relay
 from tritask.server.extension import (
@@ -176,6 +177,10 @@ def _normalise(decision: object) -> tuple[Mode, TaskOptions]:
 class ToolCallExecutor:
     """The default executor: re-runs ``tools/call`` work by tool name from the app registry.
 
+    Through the server's tool-invocation pipeline (``tritask.server.invocation``): the
+    persisted arguments are checked against the tool's argument contract again, then the tool
+    runs exactly as a direct call would, without the request-only steps.
+
     This makes every task tool restartable out of the box (at least once: a tool reads
     ``ctx.idempotency_key`` to deduplicate its side effects). A tool registered with
     ``restartable=False`` fails clearly when its work is recovered instead of hanging.
@@ -197,18 +202,17 @@ class ToolCallExecutor:
             message = f"Task tool {tool.name} is not restartable; its work was lost in a restart"
             return Failed(internal_error(message), message)
         ctx = token.context or self._recovered_context(work, token)
-        dispatcher = self.app.dispatcher
         try:
-            prepared = dispatcher.prepare_tool_call(tool.name, arguments, work.input)
+            prepared = invocation.prepare_tool_call(self.app, tool.name, arguments, work.input)
         except JsonRpcError as error:
             # Work stored for an older version of the tool (or built by a work builder) that
             # its function cannot take: say which argument, never a TypeError from the call.
             message = f"Task work does not fit tool {tool.name}: {error.message}"
             return Failed({**error.to_error(), "message": message}, message)
         if not isinstance(prepared, ToolCall):
-            return Completed(dispatcher.shape(prepared))
+            return Completed(invocation.shape(self.app, prepared))
         try:
-            result = await dispatcher.run_tool(prepared, ctx)
+            result = await invocation.run_tool(prepared, ctx)
         except DuplicateInputKey as error:
             message = f"Input key {error.key!r} was reused with a different request"
             return Failed(internal_error(message), message)

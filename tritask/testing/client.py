@@ -17,6 +17,7 @@ from tritask.jsonrpc import JSONValue, Request, loads
 from tritask.protocol.headers import CORE_NAME_SOURCES, encode_header_value
 from tritask.protocol.meta import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY
 from tritask.protocol.versions import LATEST_VERSION
+from tritask.server.dispatcher import Dispatcher
 
 if TYPE_CHECKING:
     from tritask.server.app import App
@@ -50,12 +51,13 @@ class DirectTransport:
     """Calls the dispatcher in-process (no sockets), as a given principal."""
 
     def __init__(self, app: App, principal: Any = None) -> None:
+        self.dispatcher = Dispatcher(app)
         self.app = app
         self.principal = principal
 
     async def send(self, message: dict[str, JSONValue]) -> dict[str, JSONValue]:
         request = Request(id=message["id"], method=message["method"], params=message["params"])
-        return await self.app.dispatcher.handle_request(request, principal=self.principal)
+        return await self.dispatcher.handle_request(request, principal=self.principal)
 
 
 class HttpTransport:

@@ -51,7 +51,7 @@ from tritask.jsonrpc import (
 )
 from tritask.protocol.headers import HeaderView
 from tritask.protocol.legacy import INITIALIZE, LEGACY_VERSIONS
-from tritask.server.app import App
+from tritask.server.legacy import LegacyDispatcher
 from tritask.transports._h11server import WATCH_EXTENSION
 from tritask.transports._http_sessions import HttpSession, SessionsFull, SessionTable
 from tritask.transports._sse_streams import KEEPALIVE, ResumableStream, Writer
@@ -185,8 +185,9 @@ async def _watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
 class LegacyEndpoint:
     """Legacy sessions over Streamable HTTP for one ``App``: POST, GET and DELETE."""
 
-    def __init__(self, app: App, options: HttpOptions) -> None:
-        self.app = app
+    def __init__(self, dispatcher: LegacyDispatcher, options: HttpOptions) -> None:
+        self.app = dispatcher.app
+        self.dispatcher = dispatcher
         self.options = options
         self.table = SessionTable(
             options.max_sessions,
@@ -279,7 +280,7 @@ class LegacyEndpoint:
             await _json(send, 400, error_message(error.request_id, error), entry=entry)
             return
         if isinstance(message, Notification):
-            self.app.legacy_dispatcher.handle_notification(message, entry.session)
+            self.dispatcher.handle_notification(message, entry.session)
             await _respond(send, 202, entry=entry)
             return
         await self._request(message, entry, scope, receive, send)
@@ -292,9 +293,7 @@ class LegacyEndpoint:
             return
         assert isinstance(request, Request)
         try:
-            session, result = self.app.legacy_dispatcher.initialize(
-                request.params, principal=principal
-            )
+            session, result = self.dispatcher.initialize(request.params, principal=principal)
         except JsonRpcError as error:
             await _json(send, 400, error_message(request.id, error))
             return
@@ -342,7 +341,7 @@ class LegacyEndpoint:
                 extra=[(b"retry-after", b"1")],
             )
             return
-        legacy = self.app.legacy_dispatcher
+        legacy = self.dispatcher
         if request.method in _JSON_METHODS:
             entry.start_request(request.id)
             try:
@@ -373,7 +372,7 @@ class LegacyEndpoint:
             with trio.CancelScope() as scope:
                 entry.add_scope(scope)
                 try:
-                    response = await self.app.legacy_dispatcher.handle_request(
+                    response = await self.dispatcher.handle_request(
                         request,
                         entry.session,
                         transport="http",
@@ -495,7 +494,7 @@ class LegacyEndpoint:
             with trio.CancelScope() as scope:
                 entry.add_scope(scope)
                 try:
-                    await self.app.legacy_dispatcher.run_standalone(
+                    await self.dispatcher.run_standalone(
                         entry.session, stream.emit, task_status=task_status
                     )
                 finally:

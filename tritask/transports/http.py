@@ -50,6 +50,8 @@ from tritask.protocol.headers import (
 )
 from tritask.protocol.legacy import is_legacy_request
 from tritask.server.app import App
+from tritask.server.dispatcher import Dispatcher
+from tritask.server.legacy import LegacyDispatcher
 from tritask.transports._h11server import WATCH_EXTENSION, ServerConfig
 from tritask.transports._h11server import serve as serve_h11
 from tritask.transports._http_legacy import SESSION_HEADER, LegacyEndpoint
@@ -127,7 +129,9 @@ class HttpTransport:
         base = options or HttpOptions()
         self.options = attrs.evolve(base, **overrides) if overrides else base
         self._allowed_hosts: tuple[tuple[str, ...] | None, frozenset[str]] = (None, frozenset())
-        self.legacy = LegacyEndpoint(app, self.options)
+        self.dispatcher = Dispatcher(app)
+        """Routes this endpoint's 2026-07-28 requests (and, wrapped, its legacy sessions')."""
+        self.legacy = LegacyEndpoint(LegacyDispatcher(self.dispatcher), self.options)
         """The initialize-era sessions (``Mcp-Session-Id``) this endpoint holds."""
 
     def running(self) -> contextlib.AbstractAsyncContextManager[None]:
@@ -452,7 +456,7 @@ class _Exchange:
     ) -> dict[str, JSONValue] | None:
         response: dict[str, JSONValue] | None = None
         with scope:
-            response = await self.transport.app.dispatcher.handle_request(
+            response = await self.transport.dispatcher.handle_request(
                 request,
                 headers=headers,
                 principal=principal,

@@ -71,6 +71,8 @@ from tritask.jsonrpc import (
 from tritask.protocol.legacy import INITIALIZE, PING, has_modern_envelope
 from tritask.protocol.versions import CANCELLED_NOTIFICATION
 from tritask.server.app import App
+from tritask.server.dispatcher import Dispatcher
+from tritask.server.legacy import LegacyDispatcher
 from tritask.server.session import Session
 
 log = logging.getLogger("tritask.stdio")
@@ -125,8 +127,11 @@ class MessageConnection:
         principal: Any = None,
         grace_seconds: float = DEFAULT_GRACE_SECONDS,
         teardown_notice: bool = True,
+        dispatcher: Dispatcher | None = None,
     ) -> None:
         self.app = app
+        self.dispatcher = dispatcher or Dispatcher(app)
+        self.legacy = LegacyDispatcher(self.dispatcher)
         self.transport = transport
         self.principal = principal
         self.grace_seconds = grace_seconds
@@ -239,13 +244,13 @@ class MessageConnection:
                     self.session.cancel_client_request(request_id)
                 entry.cancel()
         elif self.session is not None and not has_modern_envelope(message.params):
-            self.app.legacy_dispatcher.handle_notification(message, self.session)
+            self.legacy.handle_notification(message, self.session)
         else:
             log.debug("ignoring client notification %s", message.method)
 
     async def _initialize(self, request: Request) -> None:
         """Open the connection's one legacy session (stdio and WebSocket need no session id)."""
-        legacy = self.app.legacy_dispatcher
+        legacy = self.legacy
         try:
             session, result = legacy.initialize(request.params, principal=self.principal)
         except JsonRpcError as error:
@@ -287,11 +292,11 @@ class MessageConnection:
             with entry.scope:
                 try:
                     if entry.legacy and self.session is not None:
-                        response = await self.app.legacy_dispatcher.handle_request(
+                        response = await self.legacy.handle_request(
                             request, self.session, transport=self.transport, emit=emit
                         )
                     else:
-                        response = await self.app.dispatcher.handle_request(
+                        response = await self.dispatcher.handle_request(
                             request,
                             principal=self.principal,
                             transport=self.transport,
