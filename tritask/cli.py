@@ -13,11 +13,15 @@ import sys
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
 from tritask.server.app import App
 from tritask.server.extension import ConfigurationError, ServeEnvironment
+
+if TYPE_CHECKING:
+    from tritask.otel import ConfiguredTelemetry
 
 log = logging.getLogger("tritask.cli")
 
@@ -165,6 +169,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="HTTP: end an initialize-era session unused this long (default 1800)",
     )
+    serve.add_argument(
+        "--otel",
+        action="store_true",
+        default=os.environ.get("TRITASK_OTEL", "").lower() in ("1", "true", "yes"),
+        help="export traces and metrics with OpenTelemetry, configured by the standard OTEL_* "
+        "variables (OTLP/HTTP to localhost:4318 by default; needs tritask[otel])",
+    )
     serve.add_argument("--log-level", default=os.environ.get("TRITASK_LOG_LEVEL", "INFO"))
     from tritask.migrate import add_migrate_command
 
@@ -189,15 +200,47 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    from tritask.transports._h11server import ServerConfig
-    from tritask.transports.http import LOOPBACK_HOSTS, HttpOptions, serve_http
-
     if args.app:
         app = load_app(args.app)
     else:
         from tritask._demo import build_demo_app
 
         app = build_demo_app()
+    telemetry = _telemetry(app) if args.otel else None
+    try:
+        await _serve(app, args)
+    finally:
+        if telemetry is not None:
+            # Flush what is still batched (the last spans and metrics) before the process ends.
+            await trio.to_thread.run_sync(telemetry.shutdown)
+
+
+def _telemetry(app: App) -> ConfiguredTelemetry:
+    """The OpenTelemetry bridge from ``OTEL_*``, installed in ``app`` (``--otel``).
+
+    ``tritask.otel`` is imported here only, so ``tritask`` without the extra never needs it.
+    """
+    try:
+        otel = importlib.import_module("tritask.otel")
+    except ImportError as error:
+        hint = "" if "tritask[otel]" in str(error) else " (pip install 'tritask[otel]')"
+        raise SystemExit(f"tritask: --otel: {error}{hint}") from None
+    try:
+        telemetry: ConfiguredTelemetry = otel.configure_from_environment()
+    except ImportError as error:
+        raise SystemExit(f"tritask: --otel: {error}") from None
+    except otel.TelemetryConfigurationError as error:
+        raise SystemExit(f"tritask: --otel: {error}") from None
+    telemetry.install(app)
+    exporters = ", ".join(telemetry.exporters) or "no exporters"
+    print(f"tritask: OpenTelemetry on ({exporters})", file=sys.stderr, flush=True)
+    return telemetry
+
+
+async def _serve(app: App, args: argparse.Namespace) -> None:
+    from tritask.transports._h11server import ServerConfig
+    from tritask.transports.http import LOOPBACK_HOSTS, HttpOptions, serve_http
+
     if not (args.http or args.stdio or args.ws):
         args.http = ("127.0.0.1", 8000)
     env = ServeEnvironment(store_url=args.store)

@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from tritask.server.app import App
     from tritask.server.context import Context
 
-__all__ = ["EXTENSION_ID", "OpenTelemetry"]
+__all__ = ["EXTENSION_ID", "ConfiguredTelemetry", "OpenTelemetry", "configure_from_environment"]
 
 EXTENSION_ID: Final = "dev.tritask/opentelemetry"
 INSTRUMENTATION_NAME: Final = "tritask"
@@ -409,3 +409,142 @@ class OpenTelemetry(Extension):
 
     def _on_reaped(self, m: Mapping[str, float | int], md: Mapping[str, Any]) -> None:
         self._expirations.add(int(m.get("count", 0)))
+
+
+# -- tritask serve --otel: SDK providers from the standard OTEL_* variables ------------------
+
+_EXPORTER_GROUPS: Final = {
+    "traces": ("OTEL_TRACES_EXPORTER", "opentelemetry_traces_exporter"),
+    "metrics": ("OTEL_METRICS_EXPORTER", "opentelemetry_metrics_exporter"),
+}
+_OTLP_PROTOCOLS: Final = {"http/protobuf": "otlp_proto_http", "grpc": "otlp_proto_grpc"}
+
+
+class TelemetryConfigurationError(Exception):
+    """``OTEL_*`` names an exporter or protocol that cannot be used (one-line message)."""
+
+
+class ConfiguredTelemetry:
+    """The bridge on SDK providers built by :func:`configure_from_environment`.
+
+    ``install(app)`` registers the bridge first among the app's extensions and makes it the
+    instrumentation of the runners the app's Tasks extensions start; ``shutdown()`` flushes and
+    stops the exporters (``tritask serve`` calls it on its way out).
+    """
+
+    def __init__(
+        self, bridge: OpenTelemetry, shutdowns: list[Callable[[], object]], exporters: list[str]
+    ) -> None:
+        self.bridge = bridge
+        self.exporters = exporters
+        """``"traces=otlp_proto_http"``-style names of what was configured (for the log)."""
+        self._shutdowns = shutdowns
+
+    def install(self, app: App) -> None:
+        from tritask.tasks.extension import Tasks
+        from tritask.tasks.instrumentation import FanOut
+
+        app.add_extension(self.bridge, first=True)
+        for extension in app.extensions.values():
+            if not isinstance(extension, Tasks):
+                continue
+            if extension.runner is not None:
+                # A runner the application built: its instrumentation is the application's.
+                continue
+            existing = extension.runner_options.get("instrumentation")
+            extension.runner_options["instrumentation"] = (
+                self.bridge if existing is None else FanOut([existing, self.bridge])
+            )
+
+    def shutdown(self) -> None:
+        for shutdown in self._shutdowns:
+            shutdown()
+
+
+def _exporter_names(variable: str, environ: Mapping[str, str]) -> list[str]:
+    text = environ.get(variable, "otlp").strip() or "otlp"
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    return [] if names == ["none"] else names
+
+
+def _exporter(signal: str, name: str, environ: Mapping[str, str]) -> tuple[str, Callable[[], Any]]:
+    from importlib import metadata
+
+    variable, group = _EXPORTER_GROUPS[signal]
+    resolved = name
+    if name == "otlp":
+        protocol = (
+            environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL")
+            or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+            or "http/protobuf"
+        )
+        if protocol not in _OTLP_PROTOCOLS:
+            raise TelemetryConfigurationError(
+                f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r} is not one of "
+                f"{', '.join(_OTLP_PROTOCOLS)}"
+            )
+        resolved = _OTLP_PROTOCOLS[protocol]
+    found = {entry.name: entry for entry in metadata.entry_points(group=group)}
+    entry = found.get(resolved)
+    if entry is None:
+        hint = (
+            " (the otlp exporter comes with the extra: pip install 'tritask[otel]')"
+            if name == "otlp"
+            else ""
+        )
+        raise TelemetryConfigurationError(
+            f"{variable}={name!r}: no installed package provides the {resolved!r} {signal} "
+            f"exporter{hint}; installed: {', '.join(sorted(found)) or 'none'}, or 'none'"
+        )
+    return resolved, entry.load()
+
+
+def configure_from_environment(environ: Mapping[str, str] | None = None) -> ConfiguredTelemetry:
+    """SDK tracer and meter providers as the standard ``OTEL_*`` variables say, and the bridge.
+
+    ``OTEL_SDK_DISABLED=true`` gives the bridge on the no-op API providers. Exporters come from
+    ``OTEL_TRACES_EXPORTER`` and ``OTEL_METRICS_EXPORTER`` (comma-separated names from the
+    ``opentelemetry_*_exporter`` entry points, ``otlp`` by default, ``none`` for none; ``otlp``
+    follows ``OTEL_EXPORTER_OTLP_[SIGNAL_]PROTOCOL``, ``http/protobuf`` by default). Everything
+    else is read by the SDK itself: ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES``, the
+    sampler (``OTEL_TRACES_SAMPLER``), the batch processor (``OTEL_BSP_*``), the export interval
+    (``OTEL_METRIC_EXPORT_INTERVAL``) and each exporter's endpoint and headers
+    (``OTEL_EXPORTER_OTLP_*``). The providers are not made global: only tritask's telemetry
+    goes to them. Needs ``tritask[otel]`` (the SDK); raises ``TelemetryConfigurationError``
+    for an exporter that is not installed.
+    """
+    import os
+
+    environ = os.environ if environ is None else environ
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return ConfiguredTelemetry(OpenTelemetry(), [], [])
+    try:
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError as error:
+        raise ImportError(
+            f"the OpenTelemetry SDK is missing: pip install 'tritask[otel]' ({error})"
+        ) from error
+    span_exporters = [
+        _exporter("traces", n, environ) for n in _exporter_names("OTEL_TRACES_EXPORTER", environ)
+    ]
+    metric_exporters = [
+        _exporter("metrics", n, environ) for n in _exporter_names("OTEL_METRICS_EXPORTER", environ)
+    ]
+    resource = Resource.create()  # OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES
+    if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({"service.name": "tritask"}))
+    tracer_provider = TracerProvider(resource=resource)
+    for _, span_exporter in span_exporters:
+        tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter()))
+    readers: list[MetricReader] = [
+        PeriodicExportingMetricReader(metric_exporter()) for _, metric_exporter in metric_exporters
+    ]
+    meter_provider = MeterProvider(resource=resource, metric_readers=readers)
+    bridge = OpenTelemetry(tracer_provider=tracer_provider, meter_provider=meter_provider)
+    names = [f"traces={name}" for name, _ in span_exporters]
+    names += [f"metrics={name}" for name, _ in metric_exporters]
+    return ConfiguredTelemetry(bridge, [tracer_provider.shutdown, meter_provider.shutdown], names)

@@ -304,12 +304,24 @@ class App:
 
     # -- extensions ----------------------------------------------------------------------
 
-    def add_extension(self, extension: Extension) -> None:
+    def add_extension(self, extension: Extension, *, first: bool = False) -> None:
+        """Register ``extension``; ``first=True`` puts it before those already registered.
+
+        Extensions wrap tool calls (``around_tool_call``) and open their lifespans in
+        registration order, so the first one encloses all the others (a tracing extension
+        added by ``tritask serve --otel`` after the app was built goes first).
+        """
         if not extension.id or "/" not in extension.id:
             raise ValueError("an extension id must be a prefixed name like 'vendor.example/name'")
         if extension.id in self.extensions:
             raise ValueError(f"extension {extension.id!r} is already registered")
-        self.extensions[extension.id] = extension
+        if first:
+            later = dict(self.extensions)
+            self.extensions.clear()
+            self.extensions[extension.id] = extension
+            self.extensions.update(later)
+        else:
+            self.extensions[extension.id] = extension
         extension.attached(self)
 
     def check(self) -> None:
