@@ -39,7 +39,7 @@ def lint_imports(tree: Path) -> subprocess.CompletedProcess[str]:
 def test_the_tree_keeps_every_contract() -> None:
     completed = lint_imports(ROOT)
     assert completed.returncode == 0, completed.stdout + completed.stderr
-    assert "Contracts: 11 kept, 0 broken." in completed.stdout
+    assert "Contracts: 13 kept, 0 broken." in completed.stdout
 
 
 @pytest.mark.parametrize(
@@ -48,15 +48,20 @@ def test_the_tree_keeps_every_contract() -> None:
         (
             "hub.py",
             "import tritask.tasks.model",
-            ("Contracts: 9 kept, 2 broken.", "tritask.server.hub -> tritask.tasks.model"),
+            ("Contracts: 11 kept, 2 broken.", "tritask.server.hub -> tritask.tasks.model"),
         ),
         (
             "app.py",
             "from tritask.server.dispatcher import Dispatcher",
-            ("Contracts: 10 kept, 1 broken.", "tritask.server.app -> tritask.server.dispatcher"),
+            ("Contracts: 12 kept, 1 broken.", "tritask.server.app -> tritask.server.dispatcher"),
+        ),
+        (
+            "context.py",
+            "import tritask.auth.bearer",
+            ("Contracts: 12 kept, 1 broken.", "tritask.server.context -> tritask.auth.bearer"),
         ),
     ],
-    ids=["server-imports-tasks", "app-builds-a-dispatcher"],
+    ids=["server-imports-tasks", "app-builds-a-dispatcher", "server-imports-oauth"],
 )
 def test_a_forbidden_import_breaks_a_contract(
     tmp_path: Path, module: str, added: str, report: tuple[str, str]
@@ -74,3 +79,22 @@ def test_a_forbidden_import_breaks_a_contract(
     assert completed.returncode == 1, completed.stdout
     for line in report:
         assert line in completed.stdout
+
+
+def test_joserfc_is_imported_only_when_a_jwt_is_verified() -> None:
+    """``tritask[oauth]`` is optional: importing tritask, its HTTP transport and tritask.auth
+    loads no JOSE library (the CLI and an app without OAuth work without the extra)."""
+    code = (
+        "import sys, tritask, tritask.transports.http, tritask.auth, tritask.cli;"
+        " print(sorted(m for m in sys.modules if m.split('.')[0] in ('joserfc', 'jwt')))"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'stores'}"}
+    completed = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert completed.stdout.strip() == "[]"

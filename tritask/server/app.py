@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, Literal, TypeVar, overload
 
@@ -19,6 +19,7 @@ from jsonschema.validators import Draft202012Validator
 
 from tritask._groups import is_lone
 from tritask.jsonrpc import JSONValue
+from tritask.protocol.auth import check_scope_tokens
 from tritask.server.arguments import ArgumentContract
 from tritask.server.context import Context
 from tritask.server.extension import ConfigurationError, Extension, ServeEnvironment
@@ -89,6 +90,8 @@ class ToolDef:
     meta: dict[str, JSONValue] | None = None
     context_param: str | None = None
     restartable: bool = True
+    required_scopes: frozenset[str] = frozenset()
+    """OAuth scopes a ``tools/call`` needs beyond the server-wide ones (HTTP 403 otherwise)."""
     options: Mapping[str, object] = attrs.field(factory=dict)
     """The extensions' keyword options given to ``@app.tool`` (e.g. ``task="required"`` for
     the Tasks extension): each key is read by the extension that claims it in
@@ -227,8 +230,12 @@ class App:
         cache_ttl_ms: int = 0,
         cache_scope: Literal["public", "private"] = "private",
         extensions: list[Extension] | tuple[Extension, ...] = (),
+        auth: Any = None,
     ) -> None:
         self.name = name
+        self.auth = auth
+        """A ``tritask.auth.BearerAuth``: the HTTP transport requires its bearer tokens (the
+        transport's own ``HttpOptions(auth=...)`` wins when both are set)."""
         self.version = version
         self.instructions = instructions
         self.authorize = authorize
@@ -394,6 +401,7 @@ class App:
         annotations: dict[str, JSONValue] | None = None,
         meta: dict[str, JSONValue] | None = None,
         restartable: bool = True,
+        required_scopes: Collection[str] = (),
         **options: Any,
     ) -> Callable[[F], F]: ...
 
@@ -408,6 +416,7 @@ class App:
         annotations: dict[str, JSONValue] | None = None,
         meta: dict[str, JSONValue] | None = None,
         restartable: bool = True,
+        required_scopes: Collection[str] = (),
         **options: Any,
     ) -> F | Callable[[F], F]:
         """Register an async function as a tool; its schema is derived unless given.
@@ -429,6 +438,7 @@ class App:
                 annotations=annotations,
                 meta=meta,
                 restartable=restartable,
+                required_scopes=required_scopes,
                 **options,
             )
             return fn
@@ -449,6 +459,7 @@ class App:
         annotations: dict[str, JSONValue] | None = None,
         meta: dict[str, JSONValue] | None = None,
         restartable: bool = True,
+        required_scopes: Collection[str] = (),
         **options: Any,
     ) -> ToolDef:
         """Register ``fn`` as a tool; the schema it advertises and the arguments it takes agree.
@@ -460,6 +471,11 @@ class App:
         extras it allows are passed to a ``**kwargs`` function and dropped for any other, and
         it may not declare a property ``fn`` cannot take (``ValueError``). Details:
         ``tritask.server.arguments``.
+
+        ``required_scopes`` are OAuth scopes a call needs beyond ``BearerAuth``'s required
+        ones, checked before anything runs (HTTP 403 ``insufficient_scope`` naming all of
+        them); ``tools/list`` still lists the tool, so a client can step up. Only requests
+        with a verified token are checked (see ``docs/security.md``).
         """
         _require_async(fn, "tool")
         tool_name = name or fn.__name__
@@ -487,6 +503,7 @@ class App:
             meta=meta,
             context_param=context_param,
             restartable=restartable,
+            required_scopes=check_scope_tokens(required_scopes, f"tool {tool_name!r}"),
             options=dict(options),
             validator=validator,
             contract=contract,

@@ -3,7 +3,8 @@
 A context is built per request from that request alone (2026-07-28 is stateless). It offers
 progress and logging on the request's own stream, the caller's principal, the MRTR inputs of a
 retried request, and the request's cancel scope. ``detach()`` makes the form a task worker may
-keep after the request is gone: principal and negotiated capabilities stay, and of ``_meta``
+keep after the request is gone: principal, negotiated capabilities and the verified token
+(without the raw token) stay, and of ``_meta``
 the W3C trace context (``traceparent``/``tracestate``: the work continues the request's trace);
 transport, request id, progress token, the rest of ``_meta`` and request cancellation are
 dropped.
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import trio
 
 from tritask.jsonrpc import JSONValue, RequestId, notification_message
+from tritask.protocol.auth import AccessToken, InsufficientScope
 from tritask.protocol.capabilities import declared, elicitation_modes
 from tritask.protocol.meta import LOG_LEVELS, RequestMeta
 from tritask.server.mrtr import InputRequired
@@ -82,6 +84,7 @@ class Context:
         session: Session | None = None,
         close_stream: Callable[[], bool] | None = None,
         relay: Relay | None = None,
+        auth: AccessToken | None = None,
     ) -> None:
         self.app = app
         self.method = method
@@ -104,6 +107,10 @@ class Context:
         self.relay = relay
         """A detached context's way to report progress to a request waiting for it."""
         self._last_progress: float | None = None
+        self.auth = auth
+        """The verified access token of an OAuth-protected request (``BearerAuth``), else
+        ``None``: ``subject``, ``client_id``, ``scopes``, ``claims``. A detached context keeps it
+        without the raw token."""
 
     # -- identity and capabilities -------------------------------------------------------
 
@@ -118,6 +125,17 @@ class Context:
     @property
     def client_info(self) -> Mapping[str, JSONValue] | None:
         return self.meta.client_info
+
+    def require_scopes(self, *scopes: str) -> None:
+        """Refuse the request unless its token grants ``scopes`` (under the hierarchy).
+
+        Raises :class:`~tritask.protocol.auth.InsufficientScope`: on HTTP, before anything
+        was streamed, a 403 ``insufficient_scope`` naming every scope needed (so a client can
+        step up); otherwise a -32600 error. A request without a verified token (no
+        ``BearerAuth``: stdio, or HTTP without OAuth) is not checked.
+        """
+        if self.auth is not None and not self.auth.has_scopes(scopes):
+            raise InsufficientScope(scopes)
 
     def has_capability(self, name: str) -> bool:
         """Whether *this request* declared the client capability ``name``."""
@@ -266,4 +284,5 @@ class Context:
             task_id=task_id,
             idempotency_key=idempotency_key,
             relay=relay if relay is not None else self.relay,
+            auth=self.auth.detached() if self.auth is not None else None,
         )

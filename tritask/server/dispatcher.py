@@ -24,6 +24,7 @@ from tritask.jsonrpc import (
     result_message,
 )
 from tritask.protocol import headers as hdr
+from tritask.protocol.auth import AccessToken, InsufficientScope
 from tritask.protocol.capabilities import declared_extensions
 from tritask.protocol.errors import (
     MissingRequiredClientCapability,
@@ -87,10 +88,21 @@ class Dispatcher:
         transport: str = "direct",
         emit: Emit | None = None,
         cancel_scope: trio.CancelScope | None = None,
+        auth: AccessToken | None = None,
     ) -> dict[str, JSONValue]:
-        """The response message for ``request`` (a result or an error, never an exception)."""
+        """The response message for ``request`` (a result or an error, never an exception).
+
+        ``auth`` is the request's verified token (``ctx.auth``). A transport that passes one
+        answers :class:`InsufficientScope` itself (HTTP 403), so that error propagates.
+        """
         try:
-            result = await self._handle(request, headers, principal, transport, emit, cancel_scope)
+            result = await self._handle(
+                request, headers, principal, transport, emit, cancel_scope, auth
+            )
+        except InsufficientScope as error:
+            if auth is not None:
+                raise
+            return error_message(request.id, error)
         except JsonRpcError as error:
             if error.code == -32603:
                 log.warning("%s (id %r) failed: %s", request.method, request.id, error.message)
@@ -108,6 +120,7 @@ class Dispatcher:
         transport: str,
         emit: Emit | None,
         cancel_scope: trio.CancelScope | None,
+        auth: AccessToken | None = None,
     ) -> dict[str, JSONValue]:
         params: dict[str, JSONValue] = dict(request.params or {})
         method = request.method
@@ -145,6 +158,7 @@ class Dispatcher:
             cancel_scope=cancel_scope,
             input_responses=input_responses,
             request_state=request_state,
+            auth=auth,
         )
         result = await handler(params, ctx)
         return self.shape(result)

@@ -180,9 +180,12 @@ async def run_tool(call: ToolCall, ctx: Context) -> dict[str, JSONValue]:
 
 
 async def call_tool(params: Mapping[str, JSONValue], ctx: Context) -> dict[str, JSONValue]:
-    """A ``tools/call`` request: lookup, authorize, prepare, the extension chain, run."""
+    """A ``tools/call`` request: lookup, the tool's scopes, authorize, prepare, the extension
+    chain, run (``InsufficientScope`` before anything runs: HTTP 403 on HTTP)."""
     app = ctx.app
     tool = find_tool(app, params.get("name"))
+    if tool.required_scopes:
+        ctx.require_scopes(*tool.required_scopes)
     if app.authorize is not None:
         await app.authorize(ctx, "tool", tool.name)
     prepared = prepare_tool_call(app, tool.name, params.get("arguments"), params)

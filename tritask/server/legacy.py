@@ -44,6 +44,7 @@ from tritask.jsonrpc import (
     notification_message,
     result_message,
 )
+from tritask.protocol.auth import AccessToken
 from tritask.protocol.errors import MissingRequiredClientCapability, ResourceNotFound
 from tritask.protocol.legacy import (
     INITIALIZE,
@@ -168,14 +169,16 @@ class LegacyDispatcher:
         transport: str = "direct",
         emit: Emit | None = None,
         close_stream: Callable[[], bool] | None = None,
+        auth: AccessToken | None = None,
     ) -> dict[str, JSONValue] | None:
         """The response message, or ``None`` when the client cancelled the request.
 
         ``close_stream`` is the transport's way to let the request's stream go while the
-        work goes on (``Context.close_stream``), where it has one.
+        work goes on (``Context.close_stream``), where it has one. ``auth`` is this request's
+        verified token (``ctx.auth``; the session's principal was fixed at ``initialize``).
         """
         try:
-            result = await self._handle(request, session, transport, emit, close_stream)
+            result = await self._handle(request, session, transport, emit, close_stream, auth)
         except JsonRpcError as error:
             legacy_error = _legacy_error(error)
             if legacy_error.code == -32603:
@@ -195,6 +198,7 @@ class LegacyDispatcher:
         transport: str,
         emit: Emit | None,
         close_stream: Callable[[], bool] | None = None,
+        auth: AccessToken | None = None,
     ) -> dict[str, JSONValue] | None:
         method = request.method
         params: dict[str, JSONValue] = dict(request.params or {})
@@ -221,6 +225,7 @@ class LegacyDispatcher:
                 "emit": emit,
                 "cancel_scope": scope,
                 "close_stream": close_stream,
+                "auth": auth,
             }
             if method in INPUT_REQUIRED_METHODS:
                 result = await self._with_inputs(handler, params, session, ctx_args)

@@ -688,10 +688,30 @@ class Tasks(Extension):
             access = await store.authorize(ctx, Action.UPDATE, task_id)
         except Unauthorized:
             raise InvalidParams(UNKNOWN_TASK) from None
+        if ctx.auth is not None:
+            # Answering a task's input acts on its tool: the token must still carry the
+            # scopes that tool needs (one read, only for OAuth-protected requests).
+            snapshot = await store.get(task_id, access)
+            if isinstance(snapshot, NotFound):
+                raise InvalidParams(UNKNOWN_TASK)
+            ctx.require_scopes(*self.creating_tool_scopes(snapshot))
         result = await runner.update(task_id, responses, access)
         if isinstance(result, NotFound):
             raise InvalidParams(UNKNOWN_TASK)
         return {"resultType": "complete"}
+
+    def creating_tool_scopes(self, snapshot: Snapshot) -> frozenset[str]:
+        """The ``required_scopes`` of the tool whose call created the task.
+
+        Known from the default work descriptor (``tools/call`` and the tool's name); a task
+        whose work a ``work_builder`` shaped otherwise needs only the server-wide scopes.
+        """
+        work = snapshot.work
+        if self._app is None or work is None or work.type != "tools/call":
+            return frozenset()
+        name = work.input.get("name")
+        tool = self._app.tools.get(name) if isinstance(name, str) else None
+        return tool.required_scopes if tool is not None else frozenset()
 
     async def _cancel(self, params: dict[str, JSONValue], ctx: Context) -> dict[str, JSONValue]:
         task_id = _task_id_param(params, self.max_task_id_bytes)

@@ -49,6 +49,7 @@ from tritask.jsonrpc import (
     message_from_value,
     result_message,
 )
+from tritask.protocol.auth import AccessToken
 from tritask.protocol.headers import HeaderView
 from tritask.protocol.legacy import INITIALIZE, LEGACY_VERSIONS
 from tritask.server.legacy import LegacyDispatcher
@@ -57,6 +58,7 @@ from tritask.transports._http_sessions import HttpSession, SessionsFull, Session
 from tritask.transports._sse_streams import KEEPALIVE, ResumableStream, Writer
 
 if TYPE_CHECKING:
+    from tritask.auth.bearer import BearerAuth
     from tritask.transports.http import HttpOptions
 
 log = logging.getLogger("tritask.http")
@@ -185,10 +187,14 @@ async def _watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
 class LegacyEndpoint:
     """Legacy sessions over Streamable HTTP for one ``App``: POST, GET and DELETE."""
 
-    def __init__(self, dispatcher: LegacyDispatcher, options: HttpOptions) -> None:
+    def __init__(
+        self, dispatcher: LegacyDispatcher, options: HttpOptions, auth: BearerAuth | None = None
+    ) -> None:
         self.app = dispatcher.app
         self.dispatcher = dispatcher
+        self.auth = auth
         self.options = options
+        self.auth = auth
         self.table = SessionTable(
             options.max_sessions,
             options.session_idle_seconds,
@@ -252,6 +258,8 @@ class LegacyEndpoint:
         scope: MutableMapping[str, Any],
         receive: Receive,
         send: Send,
+        *,
+        auth: AccessToken | None = None,
     ) -> None:
         session_id = headers.get(SESSION_HEADER)
         if session_id is None:
@@ -283,7 +291,7 @@ class LegacyEndpoint:
             self.dispatcher.handle_notification(message, entry.session)
             await _respond(send, 202, entry=entry)
             return
-        await self._request(message, entry, scope, receive, send)
+        await self._request(message, entry, scope, receive, send, auth)
 
     async def _initialize(self, value: dict[str, JSONValue], principal: Any, send: Send) -> None:
         try:
@@ -320,7 +328,10 @@ class LegacyEndpoint:
         scope: MutableMapping[str, Any],
         receive: Receive,
         send: Send,
+        auth: AccessToken | None = None,
     ) -> None:
+        if auth is not None and await self._forbidden(request, auth, entry, send):
+            return
         if entry.request_running(request.id):
             await _refuse(
                 send,
@@ -345,7 +356,9 @@ class LegacyEndpoint:
         if request.method in _JSON_METHODS:
             entry.start_request(request.id)
             try:
-                response = await legacy.handle_request(request, entry.session, transport="http")
+                response = await legacy.handle_request(
+                    request, entry.session, transport="http", auth=auth
+                )
             finally:
                 entry.end_request(request.id)
             if response is None:  # cancelled by the client: no answer will come
@@ -360,11 +373,35 @@ class LegacyEndpoint:
         writer = stream.attach(0)
         entry.start_request(request.id)
         async with self._host(wait=True) as host:
-            host.start_soon(self._work, entry, request, stream, polling)
+            host.start_soon(self._work, entry, request, stream, polling, auth)
             await self._serve(entry, stream, writer, prelude, False, scope, receive, send)
 
+    async def _forbidden(
+        self, request: Request, auth: AccessToken, entry: HttpSession, send: Send
+    ) -> bool:
+        """A ``tools/call`` whose token lacks the tool's scopes: 403 before any stream opens."""
+        if request.method != "tools/call" or self.auth is None:
+            return False
+        name = (request.params or {}).get("name")
+        tool = self.app.tools.get(name) if isinstance(name, str) else None
+        if tool is None:
+            return False
+        refusal = self.auth.insufficient(auth, tool.required_scopes)
+        if refusal is None:
+            return False
+        rendered = self.auth.refusal_response(refusal, (), request.id)
+        headers = [*rendered.headers, (SESSION_HEADER.encode("ascii"), entry.id.encode("ascii"))]
+        await send({"type": "http.response.start", "status": rendered.status, "headers": headers})
+        await send({"type": "http.response.body", "body": rendered.body})
+        return True
+
     async def _work(
-        self, entry: HttpSession, request: Request, stream: ResumableStream, polling: bool
+        self,
+        entry: HttpSession,
+        request: Request,
+        stream: ResumableStream,
+        polling: bool,
+        auth: AccessToken | None = None,
     ) -> None:
         """Run one request for the session; its response ends the stream."""
         response: dict[str, JSONValue] | None = None
@@ -378,6 +415,7 @@ class LegacyEndpoint:
                         transport="http",
                         emit=stream.emit,
                         close_stream=stream.close_connection if polling else None,
+                        auth=auth,
                     )
                 finally:
                     entry.remove_scope(scope)

@@ -32,18 +32,25 @@ from typing import Any, Final, Literal
 import attrs
 import trio
 
+from tritask.auth.bearer import BearerAuth, Refusal
 from tritask.jsonrpc import (
     InvalidRequest,
     JSONValue,
     MessageError,
     Notification,
+    Request,
+    RequestId,
     dumps,
     error_message,
     load_message,
+    loads,
     message_from_value,
 )
+from tritask.protocol.auth import AccessToken, InsufficientScope
 from tritask.protocol.errors import HeaderMismatch, http_status_for
 from tritask.protocol.headers import (
+    METHOD_HEADER,
+    NAME_HEADER,
     PROTOCOL_VERSION_HEADER,
     HeaderView,
     check_protocol_version_present,
@@ -95,6 +102,9 @@ class HttpOptions:
     max_body_bytes: int = DEFAULT_MAX_BODY
     keepalive_seconds: float = 15.0
     authenticate: Authenticate | None = None
+    """A custom scheme: map the headers to a principal or raise ``Unauthenticated`` (401)."""
+    auth: BearerAuth | None = None
+    """OAuth 2.1 bearer tokens (``tritask.auth.BearerAuth``); ``App(auth=...)`` also sets it."""
     # -- initialize-era (2025) sessions; 2026-07-28 needs none of these --
     max_sessions: int = 10_000
     """Legacy sessions held at once; past it a new ``initialize`` gets 503 and Retry-After."""
@@ -129,9 +139,18 @@ class HttpTransport:
         base = options or HttpOptions()
         self.options = attrs.evolve(base, **overrides) if overrides else base
         self._allowed_hosts: tuple[tuple[str, ...] | None, frozenset[str]] = (None, frozenset())
+        auth = self.options.auth if self.options.auth is not None else app.auth
+        if auth is not None and not isinstance(auth, BearerAuth):
+            raise TypeError("auth must be a tritask.auth.BearerAuth")
+        if auth is not None and self.options.authenticate is not None:
+            raise ValueError("configure either authenticate= or auth=, not both")
+        self.auth: BearerAuth | None = auth
+        self._metadata_paths = (
+            auth.metadata_paths(self.options.path) if auth is not None else frozenset()
+        )
         self.dispatcher = Dispatcher(app)
         """Routes this endpoint's 2026-07-28 requests (and, wrapped, its legacy sessions')."""
-        self.legacy = LegacyEndpoint(LegacyDispatcher(self.dispatcher), self.options)
+        self.legacy = LegacyEndpoint(LegacyDispatcher(self.dispatcher), self.options, auth)
         """The initialize-era sessions (``Mcp-Session-Id``) this endpoint holds."""
 
     def running(self) -> contextlib.AbstractAsyncContextManager[None]:
@@ -202,19 +221,109 @@ class HttpTransport:
             return False
         return _host_only(match.group(2)) in LOOPBACK_HOSTS
 
-    async def _authenticate(self, headers: HeaderView, send: Send) -> tuple[bool, Any]:
-        """``(True, principal)``, or ``(False, None)`` once 401 was sent."""
+    async def _authenticate(
+        self, headers: HeaderView, scope: Scope, send: Send, body: bytes | None = None
+    ) -> tuple[bool, Any, AccessToken | None]:
+        """``(True, principal, token)``, or ``(False, None, None)`` once a refusal was sent."""
+        if self.auth is not None:
+            try:
+                token = await self.auth.authenticate(
+                    headers.get_all("authorization"), scope.get("query_string") or b""
+                )
+            except Refusal as refusal:
+                if refusal.kind == "unavailable":
+                    log.warning("refused a request: %s", refusal.description)
+                await self._refuse(send, refusal, headers, body)
+                return False, None, None
+            return True, self.auth.principal(token), token
         if self.options.authenticate is None:
-            return True, None
+            return True, None, None
         try:
-            return True, await self.options.authenticate(headers)
+            return True, await self.options.authenticate(headers), None
         except Unauthenticated:
             await _error(send, 401, error_message(None, InvalidRequest("Unauthenticated")))
-            return False, None
+            return False, None, None
+
+    async def _refuse(
+        self, send: Send, refusal: Refusal, headers: HeaderView, body: bytes | None
+    ) -> None:
+        assert self.auth is not None
+        scopes, request_id = self._refusal_hint(headers, body)
+        rendered = self.auth.refusal_response(refusal, scopes, request_id)
+        await send(
+            {"type": "http.response.start", "status": rendered.status, "headers": rendered.headers}
+        )
+        await send({"type": "http.response.body", "body": rendered.body})
+
+    def _refusal_hint(
+        self, headers: HeaderView, body: bytes | None
+    ) -> tuple[frozenset[str], RequestId | None]:
+        """The scopes of the tool a refused request calls (so one challenge names them all),
+        and the request id for the error body.
+
+        The tool from ``Mcp-Method``/``Mcp-Name`` when present, else from the body, which is
+        parsed leniently on this refusal path only.
+        """
+        value: Any = None
+        if body:
+            try:
+                value = loads(body)
+            except (ValueError, UnicodeDecodeError, RecursionError):
+                value = None
+        request_id: RequestId | None = None
+        name: object = None
+        if isinstance(value, dict):
+            raw_id = value.get("id")
+            if isinstance(raw_id, str | int) and not isinstance(raw_id, bool):
+                request_id = raw_id
+            if value.get("method") == "tools/call":
+                params = value.get("params")
+                name = params.get("name") if isinstance(params, dict) else None
+        if headers.get(METHOD_HEADER) == "tools/call" and headers.get(NAME_HEADER) is not None:
+            name = headers.get(NAME_HEADER)
+        tool = self.app.tools.get(name) if isinstance(name, str) else None
+        return (tool.required_scopes if tool is not None else frozenset()), request_id
+
+    async def _metadata(self, scope: Scope, send: Send) -> None:
+        """The RFC 9728 Protected Resource Metadata: GET/HEAD, CORS for any origin."""
+        assert self.auth is not None
+        method = scope.get("method", "GET").upper()
+        cors = [
+            (b"access-control-allow-origin", b"*"),
+            (b"access-control-allow-methods", b"GET, HEAD, OPTIONS"),
+            (b"access-control-allow-headers", b"mcp-protocol-version, authorization"),
+            (b"access-control-max-age", b"86400"),
+        ]
+        if method == "OPTIONS":
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 204,
+                    "headers": [*cors, (b"content-length", b"0")],
+                }
+            )
+            await send({"type": "http.response.body", "body": b""})
+            return
+        if method not in ("GET", "HEAD"):
+            await _plain(send, 405, b"Method Not Allowed", [(b"allow", b"GET, HEAD, OPTIONS")])
+            return
+        body = dumps(self.auth.metadata()).encode("utf-8")
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", b"%d" % len(body)),
+            (b"cache-control", b"public, max-age=300"),
+            *cors,
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b"" if method == "HEAD" else body})
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = _header_view(scope.get("headers") or ())
         path = scope.get("path", "")
+        if self._metadata_paths and path in self._metadata_paths:
+            # Public and built from configuration alone: served before Host/Origin checks.
+            await self._metadata(scope, send)
+            return
         if path.rstrip("/") != self.options.path.rstrip("/"):
             await _plain(send, 404, b"Not Found")
             return
@@ -229,7 +338,7 @@ class HttpTransport:
         method = scope.get("method", "GET").upper()
         if method != "POST":
             if method in ("GET", "DELETE") and headers.get(SESSION_HEADER) is not None:
-                admitted, principal = await self._authenticate(headers, send)
+                admitted, principal, _ = await self._authenticate(headers, scope, send)
                 if not admitted:
                     return
                 if method == "GET":
@@ -260,7 +369,7 @@ class HttpTransport:
         body = await self._read_body(headers, receive, send)
         if body is None:
             return
-        admitted, principal = await self._authenticate(headers, send)
+        admitted, principal, token = await self._authenticate(headers, scope, send, body)
         if not admitted:
             return
         try:
@@ -271,7 +380,9 @@ class HttpTransport:
                     params if isinstance(params, dict) else None,
                     headers.get(PROTOCOL_VERSION_HEADER),
                 ):
-                    await self.legacy.post(value, headers, principal, scope, receive, send)
+                    await self.legacy.post(
+                        value, headers, principal, scope, receive, send, auth=token
+                    )
                     return
             message = message_from_value(value)
         except MessageError as error:
@@ -283,7 +394,7 @@ class HttpTransport:
         extensions = scope.get("extensions")
         watched = extensions is not None and WATCH_EXTENSION in extensions
         await _Exchange(self, send, receive, self.options.keepalive_seconds, watched).run(
-            message, headers, principal
+            message, headers, principal, token
         )
 
     async def _read_body(self, headers: HeaderView, receive: Receive, send: Send) -> bytes | None:
@@ -400,6 +511,7 @@ class _Exchange:
     _streaming: bool = False
     _closed: bool = False
     _lock: trio.Lock | None = None
+    _refused: InsufficientScope | None = None
 
     def _writer_lock(self) -> trio.Lock:
         if self._lock is None:
@@ -452,21 +564,35 @@ class _Exchange:
                 return
 
     async def _handle(
-        self, request: Any, headers: HeaderView, principal: Any, scope: trio.CancelScope
+        self,
+        request: Any,
+        headers: HeaderView,
+        principal: Any,
+        token: AccessToken | None,
+        scope: trio.CancelScope,
     ) -> dict[str, JSONValue] | None:
         response: dict[str, JSONValue] | None = None
         with scope:
-            response = await self.transport.dispatcher.handle_request(
-                request,
-                headers=headers,
-                principal=principal,
-                transport="http",
-                emit=self.emit,
-                cancel_scope=scope,
-            )
+            try:
+                response = await self.transport.dispatcher.handle_request(
+                    request,
+                    headers=headers,
+                    principal=principal,
+                    transport="http",
+                    emit=self.emit,
+                    cancel_scope=scope,
+                    auth=token,
+                )
+            except InsufficientScope as error:
+                # A real 403 so the client can step up; inside a started stream it can only
+                # be the JSON-RPC error.
+                self._refused = error
+                response = error_message(request.id, error)
         return response
 
-    async def run(self, request: Any, headers: HeaderView, principal: Any) -> None:
+    async def run(
+        self, request: Any, headers: HeaderView, principal: Any, token: AccessToken | None = None
+    ) -> None:
         handler_scope = trio.CancelScope()
         if self.watched:
             # The server cancels the scope when the peer goes away and calls _tick from its
@@ -479,28 +605,43 @@ class _Exchange:
                     "tick": self._tick if self.keepalive > 0 else None,
                 }
             )
-            response = await self._handle(request, headers, principal, handler_scope)
+            response = await self._handle(request, headers, principal, token, handler_scope)
         else:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._watch_disconnect, handler_scope)
                 if self.keepalive > 0:
                     nursery.start_soon(self._keepalive)
-                response = await self._handle(request, headers, principal, handler_scope)
+                response = await self._handle(request, headers, principal, token, handler_scope)
                 nursery.cancel_scope.cancel()
         if response is None or self._closed:
             return
         if self._lock is None:
             # Nothing has written yet, and nothing can start writing once _closed is set.
             self._closed = True
-            await _json(self.send, _status_of(response), response)
+            if self._refused is not None:
+                await self._forbid(request, self._refused)
+            else:
+                await _json(self.send, _status_of(response), response)
             return
         async with self._lock:
             self._closed = True
             if self._streaming:
                 data = b"event: message\ndata: " + dumps(response).encode("utf-8") + b"\n\n"
                 await self.send({"type": "http.response.body", "body": data, "more_body": False})
+            elif self._refused is not None:
+                await self._forbid(request, self._refused)
             else:
                 await _json(self.send, _status_of(response), response)
+
+    async def _forbid(self, request: Request, error: InsufficientScope) -> None:
+        auth = self.transport.auth
+        assert auth is not None
+        refusal = Refusal("insufficient_scope", error.description, error.scopes)
+        rendered = auth.refusal_response(refusal, (), request.id)
+        await self.send(
+            {"type": "http.response.start", "status": rendered.status, "headers": rendered.headers}
+        )
+        await self.send({"type": "http.response.body", "body": rendered.body})
 
 
 Server = Literal["tritask", "hypercorn"]
