@@ -31,6 +31,7 @@ from tritask.server import elicitation as elicitation
 from tritask.server import list_roots as list_roots
 from tritask.server import sampling as sampling
 from tritask.tasks import Completed as Completed
+from tritask.tasks import DuplicateStepKey as DuplicateStepKey
 from tritask.tasks import ExecutionToken as ExecutionToken
 from tritask.tasks import Failed as Failed
 from tritask.tasks import LoggingInstrumentation as LoggingInstrumentation
@@ -38,6 +39,12 @@ from tritask.tasks import MemoryStore as MemoryStore
 from tritask.tasks import Retry as Retry
 from tritask.tasks import RetryPolicy as RetryPolicy
 from tritask.tasks import Runner as Runner
+from tritask.tasks import StepError as StepError
+from tritask.tasks import StepFailed as StepFailed
+from tritask.tasks import StepInterrupted as StepInterrupted
+from tritask.tasks import StepMismatch as StepMismatch
+from tritask.tasks import StepMisuse as StepMisuse
+from tritask.tasks import StepTooLarge as StepTooLarge
 from tritask.tasks import TaskOptions as TaskOptions
 from tritask.tasks import Tasks as Tasks
 from tritask.tasks import TrioClock as TrioClock

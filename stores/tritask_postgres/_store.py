@@ -222,7 +222,7 @@ def _decode_row(values: tuple[Any, ...]) -> _Row:
         "status": (status, task.status.value),
         "created_at_us": (created_at, task.created_at),
         "expires_at_us": (expires_at, _bigint(task.expires_at)),
-        "retry_at_us": (retry_at, snapshot.retry_at),
+        "retry_at_us": (retry_at, snapshot.available_at),
     }
     for column, (stored, expected) in projections.items():
         if stored != expected:
@@ -647,8 +647,9 @@ class PostgresStore:
         snapshot = row.snapshot
         if snapshot.task.status.is_terminal or snapshot.work is None:
             return UNAVAILABLE
-        if snapshot.retry_at is not None and snapshot.retry_at > now:
-            return Deferred(_deferred_ms(snapshot.retry_at, now))
+        available_at = snapshot.available_at
+        if available_at is not None and available_at > now:
+            return Deferred(_deferred_ms(available_at, now))
         if row.claim_expires_at is not None and now < row.claim_expires_at:
             return UNAVAILABLE
         return None
@@ -793,7 +794,7 @@ class PostgresStore:
         """The NOTIFY payload of a released claim: only an active task with work has any."""
         if snapshot.task.status.is_terminal or snapshot.work is None:
             return None
-        return self._payload(WakeupKind.RELEASED, snapshot.task.id, snapshot.retry_at)
+        return self._payload(WakeupKind.RELEASED, snapshot.task.id, snapshot.available_at)
 
     # -- transitions --------------------------------------------------------------------------
 
@@ -906,7 +907,7 @@ class PostgresStore:
                 "record": stored_text(_record_json(new)),
                 "revision": new.revision,
                 "status": new.task.status.value,
-                "retry_at": new.retry_at,
+                "retry_at": new.available_at,
                 "event_id": event.id,
                 "event_kind": event.kind.value,
                 "event": event_json,

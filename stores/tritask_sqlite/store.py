@@ -86,6 +86,7 @@ from tritask.tasks.model import (
     snapshot_from_json,
     snapshot_to_json,
 )
+from tritask.tasks.model import record_version as snapshot_record_version
 from tritask.tasks.reducer import apply
 from tritask.tasks.store import (
     NOT_FOUND,
@@ -707,12 +708,12 @@ class SqliteStore:
             task = snapshot.task
             for column, stored, actual in (
                 ("task_id", task_id, task.id),
-                ("record_version", record_version, RECORD_VERSION),
+                ("record_version", record_version, snapshot_record_version(snapshot)),
                 ("revision", revision, snapshot.revision),
                 ("status", status, task.status.value),
                 ("created_at_us", created_at, task.created_at),
                 ("expires_at_us", expires_at, task.expires_at),
-                ("retry_at_us", retry_at, snapshot.retry_at),
+                ("retry_at_us", retry_at, snapshot.available_at),
             ):
                 if not _same(stored, actual):
                     raise CorruptRecord(f"the {column} column disagrees with the record")
@@ -1024,8 +1025,9 @@ class SqliteStore:
         snapshot = row.snapshot
         if snapshot.task.status.is_terminal or snapshot.work is None:
             return UNAVAILABLE
-        if snapshot.retry_at is not None and snapshot.retry_at > now:
-            return Deferred(-(-(snapshot.retry_at - now) // 1000))
+        available_at = snapshot.available_at
+        if available_at is not None and available_at > now:
+            return Deferred(-(-(available_at - now) // 1000))
         if row.claim is not None and self._live(row.claim, now):
             return UNAVAILABLE
         return None
@@ -1263,11 +1265,11 @@ class SqliteStore:
             _WRITE_PLANNED,
             (
                 task_id,
-                RECORD_VERSION,
+                snapshot_record_version(new),
                 planned.record,
                 new.revision,
                 new.task.status.value,
-                new.retry_at,
+                new.available_at,
                 event.id,
                 event_text,
                 event.kind.value,
@@ -1335,11 +1337,11 @@ class SqliteStore:
         updated = conn.execute(
             _WRITE_RELEASING if release else _WRITE,
             (
-                RECORD_VERSION,
+                snapshot_record_version(new),
                 _record_text(snapshot_to_json(new)),
                 new.revision,
                 new.task.status.value,
-                new.retry_at,
+                new.available_at,
                 task_id,
                 snapshot.revision,
             ),

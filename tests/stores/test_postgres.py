@@ -133,7 +133,8 @@ def raw_execute(dsn: str, query: sql.Composed, params: tuple[Any, ...] = ()) -> 
 async def test_migrate_fresh_then_idempotent(pg_schemas: SchemaFactory) -> None:
     schema = pg_schemas.name()
     first = await migrate(pg_schemas.dsn, schema=schema)
-    assert (first.schema, first.version, first.applied) == (schema, SCHEMA_VERSION, (1,))
+    every = tuple(range(1, SCHEMA_VERSION + 1))
+    assert (first.schema, first.version, first.applied) == (schema, SCHEMA_VERSION, every)
     again = await migrate(pg_schemas.dsn, schema=schema)
     assert (again.version, again.applied) == (SCHEMA_VERSION, ())
     with connect(pg_schemas.dsn) as conn:
@@ -225,7 +226,7 @@ async def test_concurrent_migrations_apply_once(pg_schemas: SchemaFactory) -> No
     async with trio.open_nursery() as nursery:
         for _ in range(6):
             nursery.start_soon(run)
-    assert sorted(results) == [(), (), (), (), (), (1,)]
+    assert sorted(results) == [(), (), (), (), (), tuple(range(1, SCHEMA_VERSION + 1))]
     async with pg_store(pg_schemas, schema) as store:
         await create(store, "task-1")
 
@@ -290,8 +291,15 @@ def test_migrate_command(pg_schemas: SchemaFactory, capsys: pytest.CaptureFixtur
         return code, capsys.readouterr().err
 
     store = ["--store", pg_schemas.dsn, "--schema", schema]
-    assert run(*store) == (0, f"tritask: migrated schema {schema!r} to version 1 (applied 0001)\n")
-    assert run(*store) == (0, f"tritask: schema {schema!r} is up to date (version 1)\n")
+    steps = ", ".join(f"{v:04d}" for v in range(1, SCHEMA_VERSION + 1))
+    migrated = (
+        f"tritask: migrated schema {schema!r} to version {SCHEMA_VERSION} (applied {steps})\n"
+    )
+    assert run(*store) == (0, migrated)
+    assert run(*store) == (
+        0,
+        f"tritask: schema {schema!r} is up to date (version {SCHEMA_VERSION})\n",
+    )
     url_form = with_query(pg_schemas.dsn, f"schema={schema}")
     assert run("--store", url_form)[0] == 0
     assert run("--store", "memory:") == (
@@ -320,7 +328,7 @@ def test_tritask_migrate_through_the_cli(
         monkeypatch.setattr(cli, "_extra_commands", add_migrate_command, raising=False)
     schema = pg_schemas.name()
     assert cli.main(["migrate", "--store", with_query(pg_schemas.dsn, f"schema={schema}")]) == 0
-    assert f"migrated schema {schema!r} to version 1" in capsys.readouterr().err
+    assert f"migrated schema {schema!r} to version {SCHEMA_VERSION}" in capsys.readouterr().err
     monkeypatch.setenv("TRITASK_STORE", pg_schemas.dsn)
     assert cli.main(["migrate", "--schema", schema]) == 0
     assert "is up to date" in capsys.readouterr().err

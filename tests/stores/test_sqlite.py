@@ -244,7 +244,7 @@ async def test_on_disk_format(tmp_path: Path) -> None:
         ("UPDATE tritask_tasks SET retry_at_us = NULL", "retry_at_us column"),
         ('UPDATE tritask_tasks SET scope = \'{"version":1,"value": "tenant-a"}\'', "canonical"),
         ("UPDATE tritask_tasks SET record = json_remove(record, '$.lastFailure')", "keys"),
-        ("UPDATE tritask_tasks SET record = json_set(record, '$.version', 4)", "version 4"),
+        ("UPDATE tritask_tasks SET record = json_set(record, '$.version', 5)", "version 5"),
     ],
 )
 async def test_projection_mismatch_is_corrupt(tmp_path: Path, tamper: str, reason: str) -> None:
@@ -966,3 +966,65 @@ async def test_a_stamp_marker_inside_the_input_falls_back_to_encoding(
         stored = await get(store, "task-1")
         assert stored.work is not None and stored.work.input == {"x": marker}
         assert stored.task.created_at == START
+
+
+# -- schema 2: durable steps ----------------------------------------------------------------------
+
+
+async def test_a_schema_1_store_migrates_to_steps_keeping_its_tasks_and_ledger(
+    tmp_path: Path,
+) -> None:
+    """A file written by schema 1 (rows copied into a file built by 0001 alone) opens with
+    schema 2: its task and ledger read exactly as before, and the task then records steps."""
+    clock = ManualClock()
+    current = tmp_path / "current.db"
+    async with sqlite_store(current, clock) as store:
+        commits = await busy_task(store)
+        access = await store.authorize(A, Action.GET, "task-1")
+        before = await store.get("task-1", access)
+        ledger = await store.history("task-1")
+    old = tmp_path / "old.db"
+    with raw(current) as source, raw(old) as target:
+        target.execute("BEGIN")
+        target.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        for statement in migrations()[0].statements():
+            target.execute(statement)
+        store_id, epoch = source.execute(
+            "SELECT store_id, boot_epoch FROM tritask_metadata"
+        ).fetchone()
+        target.execute(
+            "INSERT INTO tritask_metadata (singleton, schema_version, store_id, boot_epoch)"
+            " VALUES (1, 1, ?, ?)",
+            (store_id, epoch),
+        )
+        for table in ("tritask_tasks", "tritask_task_events"):
+            rows = source.execute(f"SELECT * FROM {table}").fetchall()
+            marks = ", ".join("?" * len(rows[0]))
+            target.executemany(f"INSERT INTO {table} VALUES ({marks})", rows)
+        target.execute("COMMIT")
+        assert target.execute("SELECT record_version FROM tritask_tasks").fetchall() == [(3,)]
+    async with sqlite_store(old, clock) as store:
+        assert await store.get("task-1", access) == before == commits[-1].snapshot
+        assert await store.history("task-1") == ledger
+        await clock_advance(clock, LEASE_MS + 10)
+        worker = WorkerAuthority(await claimed(store, "task-1"))
+        step = Event.step_recorded("charge", "fp", {"result": {"id": "re_1"}})
+        recorded = await applied(store, "task-1", 3, step, worker)
+        assert [e.event.kind.value for e in await store.history("task-1")][-1] == "step_recorded"
+    with raw(old) as conn:
+        assert conn.execute("SELECT schema_version FROM tritask_metadata").fetchone() == (
+            SCHEMA_VERSION,
+        )
+        version, record = conn.execute(
+            "SELECT record_version, record FROM tritask_tasks"
+        ).fetchone()
+    assert version == 4
+    assert json.loads(record) == snapshot_to_json(recorded.snapshot)
+    assert json.loads(record)["steps"] == {
+        "charge": {"kind": "step", "fingerprint": "fp", "outcome": {"result": {"id": "re_1"}}}
+    }
+
+
+async def clock_advance(clock: ManualClock, ms: int) -> None:
+    clock.advance(ms)
+    await trio.lowlevel.checkpoint()

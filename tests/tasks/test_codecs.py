@@ -40,7 +40,7 @@ from tritask.tasks.model import (
     snapshot_to_json,
     task_wire_base,
 )
-from tritask.tasks.reducer import DuplicateInputKey, apply
+from tritask.tasks.reducer import DuplicateInputKey, StepKeyReused, apply
 from tritask.tasks.work import (
     MAX_DELAY_MS,
     CodecError,
@@ -88,6 +88,11 @@ works = st.builds(
 )
 event_ids = st.none() | names
 input_keys = st.sampled_from(["a", "b", "c"])
+step_keys = st.sampled_from(["s", "t", "a"])
+step_outcomes = st.one_of(
+    json_values.map(lambda v: {"result": v}),
+    errors.map(lambda e: {"error": e}),
+)
 
 
 def events(keys: st.SearchStrategy[str] = input_keys) -> st.SearchStrategy[Event]:
@@ -102,6 +107,21 @@ def events(keys: st.SearchStrategy[str] = input_keys) -> st.SearchStrategy[Event
         st.builds(lambda r, i: Event.completed(r, id=i), json_objects, event_ids),
         st.builds(lambda e, m, i: Event.failed(e, m, id=i), errors, messages, event_ids),
         st.builds(lambda i: Event.cancelled(id=i), event_ids),
+        st.builds(lambda k, f, i: Event.step_started(k, f, id=i), step_keys, names, event_ids),
+        st.builds(
+            lambda k, f, o, i: Event.step_recorded(k, f, o, id=i),
+            step_keys,
+            names,
+            step_outcomes,
+            event_ids,
+        ),
+        st.builds(
+            lambda k, d, i: Event.sleep_scheduled(k, d, id=i),
+            step_keys,
+            st.integers(0, MAX_DELAY_MS),
+            event_ids,
+        ),
+        st.builds(lambda k, i: Event.suspended(k, id=i), step_keys | keys, event_ids),
     )
 
 
@@ -129,7 +149,7 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
         now += draw(st.integers(1, 10**9))
         try:
             snapshot = apply(snapshot, event, now).snapshot
-        except DuplicateInputKey:
+        except (DuplicateInputKey, StepKeyReused):
             continue
     return snapshot
 
@@ -210,7 +230,7 @@ def mutated(draw: st.DrawFn, doc: dict[str, Any], nested: tuple[str, ...]) -> di
     return doc
 
 
-RECORD_NESTED = ("task", "work", "work.retryPolicy", "lastFailure")
+RECORD_NESTED = ("task", "work", "work.retryPolicy", "lastFailure", "suspended")
 EVENT_NESTED = ("data",)
 EFFECT_NESTED = ("retry",)
 
@@ -582,7 +602,9 @@ def test_snapshot_exact_json() -> None:
 @given(snapshots())
 def test_snapshot_round_trip(snapshot: Snapshot) -> None:
     doc = through_text(snapshot_to_json(snapshot))
-    assert len(doc) == 9
+    # v3 (9 keys) unless the task has steps or a suspension: v4 adds "steps" and "suspended".
+    uses_steps = bool(snapshot.steps) or snapshot.suspended_key is not None
+    assert (doc["version"], len(doc)) == ((4, 11) if uses_steps else (3, 9))
     assert len(doc["task"]) == 11
     assert snapshot_from_json(doc) == snapshot
 

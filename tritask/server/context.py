@@ -13,8 +13,8 @@ dropped.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import trio
 
@@ -33,7 +33,7 @@ log = logging.getLogger("tritask.server")
 TRACE_CONTEXT_KEYS = ("traceparent", "tracestate")
 """The ``_meta`` keys of the W3C trace context (reference 1.2) a detached context keeps."""
 
-__all__ = ["Context", "Emit", "InputProvider", "NotInTask", "Relay"]
+__all__ = ["Context", "Emit", "InputProvider", "NotInTask", "Relay", "StepProvider"]
 
 
 class NotInTask(RuntimeError):
@@ -46,6 +46,32 @@ class InputProvider(Protocol):
     async def await_input(
         self, key: str, request: dict[str, JSONValue]
     ) -> dict[str, JSONValue]: ...
+
+
+@runtime_checkable
+class StepProvider(Protocol):
+    """What a task runtime installs (with :class:`InputProvider`) for durable steps."""
+
+    async def step(
+        self,
+        key: str,
+        fn: Callable[..., Any],
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        *,
+        fingerprint: str | None = None,
+        timeout_s: float | None = None,
+        retry: Sequence[int] = (),
+        semantics: Literal["at_least_once", "at_most_once"] = "at_least_once",
+        thread: bool = False,
+    ) -> Any: ...
+
+    async def sleep(self, key: str, seconds: float) -> None: ...
+
+    def step_key(self, key: str) -> str: ...
+
+    @property
+    def cancelled(self) -> bool: ...
 
 
 class Relay(Protocol):
@@ -248,11 +274,74 @@ class Context:
             )
         return await self._input_provider.await_input(key, request)
 
+    # -- durable steps (task workers only) -----------------------------------------------
+
+    def _steps(self, what: str) -> StepProvider:
+        provider: object = self._input_provider
+        if not isinstance(provider, StepProvider):
+            raise NotInTask(f"{what} is only available inside a task")
+        return provider
+
+    async def step(
+        self,
+        key: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        fingerprint: str | None = None,
+        timeout_s: float | None = None,
+        retry: Sequence[int] = (),
+        semantics: Literal["at_least_once", "at_most_once"] = "at_least_once",
+        thread: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        """Run ``fn(*args, **kwargs)`` once for this task and key, durably.
+
+        Its JSON result (or a :class:`~tritask.StepFailed` it raises) is committed to the task's
+        store before this returns; every later attempt of the task (a retry, a recovery after a
+        crash, a resumption) gets the recorded outcome for ``key`` without running ``fn``. The
+        body runs at least once: a crash between its side effect and the commit runs it again,
+        so give external APIs :meth:`step_key` as their idempotency key, or use
+        ``semantics="at_most_once"`` (a start marker is committed first; a later attempt that
+        finds it without an outcome raises :class:`~tritask.StepInterrupted`).
+
+        ``key`` is unique for the task's life (shared with sleep and input keys); ``fingerprint``
+        (default: a digest of the JSON arguments) must match on replay, else the task fails
+        naming the key; ``timeout_s`` bounds each run of the body; ``retry`` is a list of
+        delays (ms) for in-attempt retries of a body that raised; ``thread=True`` runs a sync
+        ``fn`` in a worker thread, which may poll :attr:`cancelled`. The option names are
+        reserved: pass such keyword arguments to ``fn`` with ``functools.partial``.
+        """
+        return await self._steps("ctx.step").step(
+            key,
+            fn,
+            args,
+            kwargs,
+            fingerprint=fingerprint,
+            timeout_s=timeout_s,
+            retry=retry,
+            semantics=semantics,
+            thread=thread,
+        )
+
+    async def sleep(self, key: str, seconds: float) -> None:
+        """Sleep durably: the wake instant is recorded on the store's clock, so a replay after
+        a crash sleeps only what is left. A long sleep suspends the task (its worker, lease and
+        slot are released, no retry is consumed) and any runner resumes it when it is due."""
+        await self._steps("ctx.sleep").sleep(key, seconds)
+
+    def step_key(self, key: str) -> str:
+        """``task_id/key``: a stable idempotency key for an external call made by step ``key``."""
+        return self._steps("ctx.step_key").step_key(key)
+
     # -- cancellation --------------------------------------------------------------------
 
     @property
     def cancelled(self) -> bool:
-        return self.cancel_scope is not None and self.cancel_scope.cancel_called
+        """The request (or, in a task, the attempt) was cancelled; thread-safe for tasks."""
+        if self.cancel_scope is not None and self.cancel_scope.cancel_called:
+            return True
+        provider: object = self._input_provider
+        return isinstance(provider, StepProvider) and provider.cancelled
 
     def detach(
         self,

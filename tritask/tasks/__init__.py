@@ -28,6 +28,13 @@ from tritask.tasks.model import Task as Task
 from tritask.tasks.model import TaskStatus as TaskStatus
 from tritask.tasks.reducer import apply as apply
 from tritask.tasks.runner import Runner as Runner
+from tritask.tasks.steps import DuplicateStepKey as DuplicateStepKey
+from tritask.tasks.steps import StepError as StepError
+from tritask.tasks.steps import StepFailed as StepFailed
+from tritask.tasks.steps import StepInterrupted as StepInterrupted
+from tritask.tasks.steps import StepMismatch as StepMismatch
+from tritask.tasks.steps import StepMisuse as StepMisuse
+from tritask.tasks.steps import StepTooLarge as StepTooLarge
 from tritask.tasks.store import Store as Store
 from tritask.tasks.stores import open_store as open_store
 from tritask.tasks.work import RetryPolicy as RetryPolicy

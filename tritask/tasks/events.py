@@ -6,11 +6,15 @@ plain JSON so every store persists them the same way.
 
 from __future__ import annotations
 
+import base64
 import enum
+import hashlib
+import json
 import secrets
 from typing import Any, Literal
 
 import attrs
+import orjson
 
 from tritask.tasks._time import format_instant, parse_instant
 from tritask.tasks.work import (
@@ -24,15 +28,28 @@ from tritask.tasks.work import (
 )
 
 __all__ = [
+    "MAX_FINGERPRINT_CHARS",
+    "MAX_STEP_KEY_CHARS",
+    "MAX_STEP_OUTCOME_BYTES",
     "Effects",
     "Event",
     "EventKind",
     "InvalidEvent",
     "RetryEffect",
+    "check_step_outcome",
+    "derived_event_id",
     "effects_from_json",
     "effects_to_json",
+    "is_step_error",
+    "json_size",
     "new_event_id",
 ]
+
+MAX_STEP_KEY_CHARS = 200
+"""The longest step (or sleep) key, in characters."""
+MAX_STEP_OUTCOME_BYTES = 65_536
+"""The largest recorded step outcome (its JSON, UTF-8): bigger outcomes fail their step."""
+MAX_FINGERPRINT_CHARS = 256
 
 
 class InvalidEvent(ValueError):
@@ -46,11 +63,35 @@ class EventKind(enum.StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    STEP_STARTED = "step_started"
+    STEP_RECORDED = "step_recorded"
+    SLEEP_SCHEDULED = "sleep_scheduled"
+    SUSPENDED = "suspended"
 
 
 def new_event_id() -> str:
     """18 random bytes, URL-safe base64 without padding (24 characters)."""
     return secrets.token_urlsafe(18)
+
+
+def derived_event_id(task_id: str, kind: EventKind, key: str, generation: int | None = None) -> str:
+    """A deterministic event id (24 characters) for the event of ``kind`` about ``key`` in
+    ``task_id`` (and lease ``generation``, for events an attempt may make again).
+
+    A resend of such an event after a lost acknowledgement carries the same id, so the store
+    replays the first commit instead of applying it twice.
+    """
+    text = f"{task_id}\x00{kind.value}\x00{key}\x00{'' if generation is None else generation}"
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+    return base64.urlsafe_b64encode(digest[:18]).decode("ascii")
+
+
+def json_size(value: Any) -> int:
+    """The size in bytes of checked JSON ``value`` as compact UTF-8 text."""
+    try:
+        return len(orjson.dumps(value))
+    except orjson.JSONEncodeError:  # a lone surrogate or a huge int: the standard library's
+        return len(json.dumps(value, separators=(",", ":"), ensure_ascii=True))
 
 
 def _check(condition: bool, message: str) -> None:
@@ -85,6 +126,66 @@ def _validate(kind: EventKind, data: JSONObject) -> None:
         _failure_data(data)
     elif kind is EventKind.COMPLETED:
         _check(isinstance(data["result"], dict), "result must be a JSON object")
+    elif kind in _STEP_KINDS:
+        _step_key(data["key"])
+        if kind is EventKind.SLEEP_SCHEDULED:
+            delay = data["delayMs"]
+            _check(
+                type(delay) is int and 0 <= delay <= MAX_DELAY_MS,
+                f"delayMs must be an int in 0..{MAX_DELAY_MS}",
+            )
+        elif kind is not EventKind.SUSPENDED:
+            fingerprint = data["fingerprint"]
+            _check(
+                isinstance(fingerprint, str) and 0 < len(fingerprint) <= MAX_FINGERPRINT_CHARS,
+                f"a step fingerprint must be a string of 1..{MAX_FINGERPRINT_CHARS} characters",
+            )
+        if kind is EventKind.STEP_RECORDED:
+            check_step_outcome(data["outcome"])
+
+
+_STEP_KINDS = frozenset(
+    {
+        EventKind.STEP_STARTED,
+        EventKind.STEP_RECORDED,
+        EventKind.SLEEP_SCHEDULED,
+        EventKind.SUSPENDED,
+    }
+)
+
+
+def _step_key(key: object) -> None:
+    _check(
+        isinstance(key, str) and 0 < len(key) <= MAX_STEP_KEY_CHARS,
+        f"a step key must be a string of 1..{MAX_STEP_KEY_CHARS} characters",
+    )
+
+
+def is_step_error(error: object) -> bool:
+    """A step's recorded error: a JSON-RPC error object ``{code, message, data?}``."""
+    return (
+        isinstance(error, dict)
+        and type(error.get("code")) is int
+        and isinstance(error.get("message"), str)
+        and set(error) <= {"code", "message", "data"}
+    )
+
+
+def check_step_outcome(outcome: object) -> None:
+    """A step outcome is ``{"result": JSON}`` or ``{"error": {code, message, data?}}``, at most
+    :data:`MAX_STEP_OUTCOME_BYTES` of JSON (raises :class:`InvalidEvent`)."""
+    _check(
+        isinstance(outcome, dict) and (set(outcome) == {"result"} or set(outcome) == {"error"}),
+        'a step outcome must be {"result": ...} or {"error": {...}}',
+    )
+    assert isinstance(outcome, dict)
+    if "error" in outcome:
+        _check(is_step_error(outcome["error"]), "a step error must be {code, message, data?}")
+    size = json_size(outcome)
+    _check(
+        size <= MAX_STEP_OUTCOME_BYTES,
+        f"a step outcome is limited to {MAX_STEP_OUTCOME_BYTES} bytes of JSON, not {size}",
+    )
 
 
 _DATA_KEYS: dict[EventKind, tuple[str, ...]] = {
@@ -94,6 +195,10 @@ _DATA_KEYS: dict[EventKind, tuple[str, ...]] = {
     EventKind.COMPLETED: ("result",),
     EventKind.FAILED: ("error", "statusMessage"),
     EventKind.CANCELLED: (),
+    EventKind.STEP_STARTED: ("key", "fingerprint"),
+    EventKind.STEP_RECORDED: ("key", "fingerprint", "outcome"),
+    EventKind.SLEEP_SCHEDULED: ("key", "delayMs"),
+    EventKind.SUSPENDED: ("key",),
 }
 
 
@@ -157,6 +262,29 @@ class Event:
     @classmethod
     def cancelled(cls, id: str | None = None) -> Event:
         return cls(_id(id), EventKind.CANCELLED, {})
+
+    @classmethod
+    def step_started(cls, key: str, fingerprint: str, id: str | None = None) -> Event:
+        data = {"key": key, "fingerprint": fingerprint}
+        return cls(_id(id), EventKind.STEP_STARTED, data)
+
+    @classmethod
+    def step_recorded(
+        cls, key: str, fingerprint: str, outcome: JSONObject, id: str | None = None
+    ) -> Event:
+        """``outcome`` is ``{"result": JSON}`` or ``{"error": {code, message, data?}}``."""
+        data = {"key": key, "fingerprint": fingerprint, "outcome": outcome}
+        return cls(_id(id), EventKind.STEP_RECORDED, data)
+
+    @classmethod
+    def sleep_scheduled(cls, key: str, delay_ms: int, id: str | None = None) -> Event:
+        """A durable sleep: the reducer records the wake instant, commit time + ``delay_ms``."""
+        return cls(_id(id), EventKind.SLEEP_SCHEDULED, {"key": key, "delayMs": delay_ms})
+
+    @classmethod
+    def suspended(cls, key: str, id: str | None = None) -> Event:
+        """End the attempt until sleep ``key`` is due or input ``key`` is answered."""
+        return cls(_id(id), EventKind.SUSPENDED, {"key": key})
 
     def to_json(self) -> JSONObject:
         return {

@@ -8,8 +8,8 @@ consumes the retry policy; exceptions, invalid answers and cancellation fail clo
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
 
 import attrs
 import trio
@@ -78,6 +78,24 @@ class StaleAttempt(Exception):
 class InputChannel(Protocol):
     async def await_input(self, key: str, request: JSONObject) -> JSONObject: ...
 
+    async def step(
+        self,
+        key: str,
+        fn: Callable[..., Any],
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        *,
+        fingerprint: str | None = None,
+        timeout_s: float | None = None,
+        retry: Sequence[int] = (),
+        semantics: Literal["at_least_once", "at_most_once"] = "at_least_once",
+        thread: bool = False,
+    ) -> Any: ...
+
+    async def sleep(self, key: str, seconds: float) -> None: ...
+
+    def step_key(self, key: str) -> str: ...
+
 
 @attrs.define(eq=False)
 class ExecutionToken:
@@ -112,6 +130,45 @@ class ExecutionToken:
         if self._input is None:
             raise StaleAttempt(self.task_id)
         return await self._input.await_input(key, request)
+
+    async def step(
+        self,
+        key: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        fingerprint: str | None = None,
+        timeout_s: float | None = None,
+        retry: Sequence[int] = (),
+        semantics: Literal["at_least_once", "at_most_once"] = "at_least_once",
+        thread: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        """A durable step of this task (see ``Context.step``)."""
+        if self._input is None:
+            raise StaleAttempt(self.task_id)
+        return await self._input.step(
+            key,
+            fn,
+            args,
+            kwargs,
+            fingerprint=fingerprint,
+            timeout_s=timeout_s,
+            retry=retry,
+            semantics=semantics,
+            thread=thread,
+        )
+
+    async def sleep(self, key: str, seconds: float) -> None:
+        """A durable sleep of this task (see ``Context.sleep``)."""
+        if self._input is None:
+            raise StaleAttempt(self.task_id)
+        await self._input.sleep(key, seconds)
+
+    def step_key(self, key: str) -> str:
+        """``task_id/key``: a stable idempotency key for the external call of step ``key``."""
+        if self._input is None:
+            raise StaleAttempt(self.task_id)
+        return self._input.step_key(key)
 
     async def run_in_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """Run blocking ``fn(token, *args)`` in a thread; it should poll ``token.cancelled``."""

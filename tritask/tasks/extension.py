@@ -48,6 +48,7 @@ from tritask.tasks.legacy import LegacyTasks, TaskSupport
 from tritask.tasks.model import Snapshot, create_task_result, detailed_task, new_task
 from tritask.tasks.reducer import DuplicateInputKey
 from tritask.tasks.runner import Runner, RunnerNotRunning
+from tritask.tasks.steps import StepError
 from tritask.tasks.store import (
     Action,
     CapacityExceeded,
@@ -216,6 +217,18 @@ class ToolCallExecutor:
         except DuplicateInputKey as error:
             message = f"Input key {error.key!r} was reused with a different request"
             return Failed(internal_error(message), message)
+        except StepError as error:
+            return Failed(error.to_error(), str(error))
+        except ExceptionGroup as group:
+            step_errors, rest = group.split(StepError)
+            if step_errors is None or rest is not None:
+                log.exception("task tool %s raised (task %s)", tool.name, token.task_id)
+                return Failed(internal_error("Task tool failed"), "Task tool failed")
+            first: BaseException = step_errors
+            while isinstance(first, BaseExceptionGroup):
+                first = first.exceptions[0]
+            assert isinstance(first, StepError)
+            return Failed(first.to_error(), str(first))
         except JsonRpcError as error:
             return Failed(error.to_error(), error.message)
         except RetryLater as error:

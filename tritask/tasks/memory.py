@@ -302,8 +302,9 @@ class MemoryStore:
         snapshot = entry.snapshot
         if snapshot.task.status.is_terminal or snapshot.work is None:
             return UNAVAILABLE
-        if snapshot.retry_at is not None and snapshot.retry_at > now:
-            return Deferred(-(-(snapshot.retry_at - now) // 1000))
+        available_at = snapshot.available_at
+        if available_at is not None and available_at > now:
+            return Deferred(-(-(available_at - now) // 1000))
         if entry.claim is not None and now < entry.claim.expires_at:
             return UNAVAILABLE
         return None
@@ -604,7 +605,7 @@ class MemoryStore:
         snapshot = entry.snapshot
         if snapshot.task.status.is_terminal or snapshot.work is None:
             return
-        wake = max(snapshot.retry_at or 0, 0 if entry.claim is None else entry.claim.expires_at)
+        wake = max(snapshot.available_at or 0, 0 if entry.claim is None else entry.claim.expires_at)
         item = (snapshot.task.id, entry.serial, entry.sched)
         if wake > now:
             heapq.heappush(self._timed, (wake, *item))

@@ -1,4 +1,5 @@
-"""The Task value, the private aggregate record (``Snapshot`` v3), and their codecs and wire shapes.
+"""The Task value, the private aggregate record (``Snapshot`` v4, v3 still read and written when a
+task has no steps), and their codecs and wire shapes.
 
 Every construction validates: a ``Snapshot`` that exists satisfies all record invariants, so the
 reducer, the stores and the decoders cannot produce (or accept) an impossible state.
@@ -35,12 +36,15 @@ __all__ = [
     "create_task_result",
     "detailed_task",
     "initial_snapshot",
+    "is_step_record",
     "new_task",
     "owned_task",
     "owned_work",
+    "record_version",
     "revise",
     "snapshot_from_json",
     "snapshot_to_json",
+    "step_wake_at",
     "task_wire_base",
 ]
 
@@ -253,6 +257,62 @@ def _inbox(value: object) -> dict[str, JSONObject]:
     return inbox
 
 
+def is_step_record(value: object) -> bool:
+    """A recorded step ``{"kind": "step", "fingerprint", "outcome": null | {result} | {error}}``
+    (``outcome`` null: an ``at_most_once`` step that started and has no outcome yet) or a
+    durable sleep ``{"kind": "sleep", "wakeAt": ISO instant}``."""
+    if not isinstance(value, dict):
+        return False
+    kind = value.get("kind")
+    if kind == "sleep":
+        if set(value) != {"kind", "wakeAt"} or not isinstance(value["wakeAt"], str):
+            return False
+        try:
+            parse_instant(value["wakeAt"])
+        except ValueError:
+            return False
+        return True
+    if kind != "step" or set(value) != {"kind", "fingerprint", "outcome"}:
+        return False
+    fingerprint, outcome = value["fingerprint"], value["outcome"]
+    if not isinstance(fingerprint, str) or not fingerprint:
+        return False
+    if outcome is None:
+        return True
+    if not isinstance(outcome, dict):
+        return False
+    if set(outcome) == {"result"}:
+        return True
+    error = outcome.get("error")
+    return (
+        set(outcome) == {"error"}
+        and isinstance(error, dict)
+        and type(error.get("code")) is int
+        and isinstance(error.get("message"), str)
+    )
+
+
+def _steps(value: object) -> dict[str, JSONObject]:
+    steps = ensure_json_object(value, what="steps")
+    for key, record in steps.items():
+        _require(bool(key), "step keys must be non-empty")
+        _require(is_step_record(record), f"step {key!r} is not a step or sleep record")
+    return steps
+
+
+def step_wake_at(record: JSONObject) -> int | None:
+    """The wake instant of a sleep record (``None`` for a step)."""
+    if record.get("kind") != "sleep":
+        return None
+    return parse_instant(record["wakeAt"])
+
+
+def _optional_key(value: object) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise CorruptRecord("suspendedKey must be a non-empty string or None")
+    return value
+
+
 def _is_task(_inst: object, _attr: object, value: Any) -> None:
     if not isinstance(value, Task):
         raise CorruptRecord("task must be a Task")
@@ -265,8 +325,14 @@ def _is_work(_inst: object, _attr: object, value: Any) -> None:
 
 @attrs.frozen(kw_only=True)
 class Snapshot:
-    """The revisioned aggregate record (v3): the task plus the private bookkeeping that makes
-    retries, input replay and fencing durable."""
+    """The revisioned aggregate record (v4): the task plus the private bookkeeping that makes
+    retries, input replay, steps, suspension and fencing durable.
+
+    ``steps`` maps each step or sleep key to its record (see :func:`is_step_record`).
+    ``suspended_key`` names what a suspended task waits for: a sleep (``suspended_until`` is
+    its wake instant) or an outstanding input request (``suspended_until`` is ``None``: until
+    answered). :attr:`available_at` is when the task may be claimed again.
+    """
 
     task: Task = attrs.field(validator=_is_task)
     work: Work | None = attrs.field(validator=_is_work)
@@ -276,6 +342,19 @@ class Snapshot:
     last_failure: JSONObject | None = attrs.field(default=None, converter=_failure)
     input_history: dict[str, JSONObject] = attrs.field(factory=dict, converter=_history)
     accepted_input_responses: dict[str, JSONObject] = attrs.field(factory=dict, converter=_inbox)
+    steps: dict[str, JSONObject] = attrs.field(factory=dict, converter=_steps)
+    suspended_key: str | None = attrs.field(default=None, converter=_optional_key)
+    suspended_until: int | None = None
+
+    @property
+    def available_at(self) -> int | None:
+        """The instant before which no claim may take the task (``None``: no such instant):
+        the later of ``retry_at`` and a suspension's end (an input suspension has none, so
+        :data:`MAX_INSTANT` until the input is answered). Stores project it as ``retry_at``."""
+        if self.suspended_key is None:
+            return self.retry_at
+        until = MAX_INSTANT if self.suspended_until is None else self.suspended_until
+        return until if self.retry_at is None else max(self.retry_at, until)
 
     def __attrs_post_init__(self) -> None:
         # Fast path: a sufficient condition for every check below in the common case (no
@@ -293,6 +372,9 @@ class Snapshot:
             and not self.accepted_input_responses
             and not task.used_input_keys
             and not task.input_requests
+            and not self.steps
+            and self.suspended_key is None
+            and self.suspended_until is None
         ):
             return
         self._check()
@@ -339,6 +421,27 @@ class Snapshot:
         inbox = set(self.accepted_input_responses)
         _require(inbox <= task.used_input_keys, "inbox keys were never requested")
         _require(not inbox & set(task.input_requests), "inbox keys are still outstanding")
+        _require(
+            not self.steps.keys() & task.used_input_keys, "a key names both a step and an input"
+        )
+        key, until = self.suspended_key, self.suspended_until
+        if until is not None:
+            _instant(until, "suspendedUntil")
+        if key is None:
+            _require(until is None, "suspendedUntil without a suspendedKey")
+        else:
+            _require(not terminal, "a terminal task is not suspended")
+            record = self.steps.get(key)
+            if record is not None:
+                _require(
+                    until is not None and step_wake_at(record) == until,
+                    "a sleep suspension ends at its sleep's wake instant",
+                )
+            else:
+                _require(
+                    until is None and key in task.input_requests,
+                    "a suspension names a sleep or an outstanding input request",
+                )
 
 
 _Record = TypeVar("_Record", Task, Snapshot, Work)
@@ -414,7 +517,7 @@ def _clone(record: _Record, json_fields: frozenset[str], **given: Any) -> _Recor
 
 _TASK_JSON = frozenset({"input_requests", "result", "error"})
 _WORK_JSON = frozenset({"input"})
-_SNAPSHOT_JSON = frozenset({"last_failure", "input_history", "accepted_input_responses"})
+_SNAPSHOT_JSON = frozenset({"last_failure", "input_history", "accepted_input_responses", "steps"})
 
 
 def initial_snapshot(task: Task, work: Work) -> Snapshot:
@@ -426,7 +529,7 @@ def initial_snapshot(task: Task, work: Work) -> Snapshot:
     return Snapshot(task=task, work=work, revision=0)
 
 
-# -- codec (aggregate record v3) ----------------------------------------------------------------
+# -- codec (aggregate record v3 and v4) ---------------------------------------------------------
 
 _RECORD_KEYS = (
     "version",
@@ -439,6 +542,7 @@ _RECORD_KEYS = (
     "inputHistory",
     "acceptedInputResponses",
 )
+_RECORD_KEYS_V4 = (*_RECORD_KEYS, "steps", "suspended")
 _TASK_KEYS = (
     "id",
     "status",
@@ -470,9 +574,16 @@ def _task_to_json(task: Task) -> JSONObject:
     }
 
 
+def record_version(snapshot: Snapshot) -> int:
+    """The version :func:`snapshot_to_json` writes ``snapshot`` in (3 or 4)."""
+    return 4 if snapshot.steps or snapshot.suspended_key is not None else 3
+
+
 def snapshot_to_json(snapshot: Snapshot) -> JSONObject:
-    """The persisted form: exactly 9 keys, the task with exactly 11, instants as ISO text."""
-    return {
+    """The persisted form, instants as ISO text, the task with exactly 11 keys: v3 (9 keys)
+    for a task without steps or suspension, exactly as before steps existed (so older code
+    still reads it), else v4 (11 keys: ``steps`` and ``suspended``)."""
+    doc: JSONObject = {
         "version": 3,
         "revision": snapshot.revision,
         "task": _task_to_json(snapshot.task),
@@ -483,6 +594,19 @@ def snapshot_to_json(snapshot: Snapshot) -> JSONObject:
         "inputHistory": ensure_json(snapshot.input_history),
         "acceptedInputResponses": ensure_json(snapshot.accepted_input_responses),
     }
+    if record_version(snapshot) == 4:
+        doc["version"] = 4
+        doc["steps"] = ensure_json(snapshot.steps)
+        until = snapshot.suspended_until
+        doc["suspended"] = (
+            None
+            if snapshot.suspended_key is None
+            else {
+                "key": snapshot.suspended_key,
+                "until": None if until is None else format_instant(until),
+            }
+        )
+    return doc
 
 
 def _typed(value: object, kinds: type | tuple[type, ...], what: str) -> Any:
@@ -529,14 +653,26 @@ def _task_from_json(doc: object) -> Task:
 
 
 def snapshot_from_json(doc: object) -> Snapshot:
-    """Strictly decode a v3 record; any deviation raises :class:`CorruptRecord`."""
+    """Strictly decode a v3 or v4 record; any deviation raises :class:`CorruptRecord`."""
     try:
-        fields = expect_keys(doc, _RECORD_KEYS, "record")
-        version = fields["version"]
-        if not _is_int(version) or version != 3:
+        version = doc.get("version") if isinstance(doc, dict) else None
+        if not _is_int(version) or version not in (3, 4):
             raise CorruptRecord(f"unsupported record version {version!r}")
+        fields = expect_keys(doc, _RECORD_KEYS if version == 3 else _RECORD_KEYS_V4, "record")
         retry_at = fields["retryAt"]
         work = fields["work"]
+        steps: Any = {}
+        key: Any = None
+        until: int | None = None
+        if version == 4:
+            steps = _typed(fields["steps"], dict, "steps")
+            suspended = fields["suspended"]
+            if suspended is not None:
+                found = expect_keys(suspended, ("key", "until"), "suspended")
+                key = _typed(found["key"], str, "suspended key")
+                if found["until"] is not None:
+                    until = _decode_instant(found["until"], "suspended until")
+            _require(bool(steps) or key is not None, "a v4 record without steps or suspension")
         return Snapshot(
             task=_task_from_json(fields["task"]),
             work=None if work is None else Work.from_json(work),
@@ -548,6 +684,9 @@ def snapshot_from_json(doc: object) -> Snapshot:
             accepted_input_responses=_typed(
                 fields["acceptedInputResponses"], dict, "acceptedInputResponses"
             ),
+            steps=steps,
+            suspended_key=key,
+            suspended_until=until,
         )
     except CorruptRecord:
         raise

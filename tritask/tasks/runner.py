@@ -14,11 +14,14 @@ work up again with ``claim_next``.
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import functools
+import inspect
 import logging
 import math
 import secrets
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -28,7 +31,13 @@ import trio
 from tritask._groups import is_lone
 from tritask.protocol.capabilities import require_input_request
 from tritask.tasks import instrumentation as ins
-from tritask.tasks.events import Event, EventKind
+from tritask.tasks.events import (
+    MAX_STEP_OUTCOME_BYTES,
+    Event,
+    EventKind,
+    derived_event_id,
+    json_size,
+)
 from tritask.tasks.executor import (
     Completed,
     ExecutionToken,
@@ -41,8 +50,21 @@ from tritask.tasks.executor import (
     validate_outcome,
 )
 from tritask.tasks.instrumentation import InstrumentationSink
-from tritask.tasks.model import Snapshot, Task, TaskStatus
-from tritask.tasks.reducer import DuplicateInputKey
+from tritask.tasks.model import Snapshot, Task, TaskStatus, step_wake_at
+from tritask.tasks.reducer import DuplicateInputKey, StepKeyReused, StepLimitExceeded
+from tritask.tasks.steps import (
+    DuplicateStepKey,
+    Semantics,
+    StepError,
+    StepFailed,
+    StepInterrupted,
+    StepMismatch,
+    StepMisuse,
+    StepTooLarge,
+    check_step_key,
+    check_step_options,
+    step_fingerprint,
+)
 from tritask.tasks.store import (
     NOT_FOUND,
     Access,
@@ -64,7 +86,15 @@ from tritask.tasks.store import (
     stamps_creation,
     work_tool,
 )
-from tritask.tasks.work import JSONObject, TraceContext, Work, ensure_json_object
+from tritask.tasks.work import (
+    MAX_DELAY_MS,
+    InvalidJSON,
+    JSONObject,
+    TraceContext,
+    Work,
+    ensure_json,
+    ensure_json_object,
+)
 
 if TYPE_CHECKING:
     from tritask.server.context import Context
@@ -77,6 +107,13 @@ Source = Literal["request", "recovery", "retry"]
 EXECUTOR_FAILED = "Durable task executor failed"
 NO_EXECUTOR = "Recovered work has no configured executor"
 MAX_RUNTIME = "Task exceeded its maximum runtime"
+SLEEP_FINGERPRINT = "sleep"
+
+_STEP_BODY: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "tritask_step_body", default=None
+)
+"""The key of the step whose body the current trio task runs (inherited by its children), so
+context calls inside a body are refused. A context variable, not shared state."""
 
 
 class RunnerNotRunning(RuntimeError):
@@ -125,6 +162,12 @@ class _Job:
     helpers_idle: trio.Event | None = None
     claim_duration: float | None = None
     """How long the claim that started this attempt took (``None``: made by the creation)."""
+    steps: dict[str, JSONObject] = attrs.field(factory=dict)
+    """The task's recorded steps as this attempt knows them (only its lease may add any)."""
+    step_keys: set[str] = attrs.field(factory=set)
+    """The step, sleep and input keys this attempt used (a second use raises)."""
+    wake_delay_ms: int | None = None
+    """Set when the attempt ended by a durable sleep's suspension: how long until it is due."""
 
 
 @attrs.define(eq=False)
@@ -136,6 +179,42 @@ class _AttemptInput:
 
     async def await_input(self, key: str, request: JSONObject) -> JSONObject:
         return await self.runner._await_input(self.job, key, request)
+
+    async def step(
+        self,
+        key: str,
+        fn: Callable[..., Any],
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        *,
+        fingerprint: str | None = None,
+        timeout_s: float | None = None,
+        retry: Sequence[int] = (),
+        semantics: Semantics = "at_least_once",
+        thread: bool = False,
+    ) -> Any:
+        return await self.runner._step(
+            self.job,
+            key,
+            fn,
+            args,
+            kwargs,
+            fingerprint=fingerprint,
+            timeout_s=timeout_s,
+            retry=retry,
+            semantics=semantics,
+            thread=thread,
+        )
+
+    async def sleep(self, key: str, seconds: float) -> None:
+        await self.runner._sleep(self.job, key, seconds)
+
+    def step_key(self, key: str) -> str:
+        return f"{self.job.task_id}/{check_step_key(key)}"
+
+    @property
+    def cancelled(self) -> bool:
+        return self.job.token.cancelled
 
 
 @attrs.frozen
@@ -176,6 +255,8 @@ class Runner:
         instrumentation: InstrumentationSink | None = None,
         settle_attempts: int = 5,
         release_retry_ms: int = 100,
+        suspend_sleep_after_ms: int | None = 5_000,
+        suspend_input_after_ms: int | None = None,
     ) -> None:
         _positive("lease_ms", lease_ms)
         heartbeat = heartbeat_ms if heartbeat_ms is not None else max(lease_ms // 3, 1)
@@ -189,6 +270,8 @@ class Runner:
         _positive("max_runtime_ms", max_runtime_ms, allow_none=True)
         _positive("settle_attempts", settle_attempts)
         _positive("release_retry_ms", release_retry_ms)
+        _positive("suspend_sleep_after_ms", suspend_sleep_after_ms, allow_none=True)
+        _positive("suspend_input_after_ms", suspend_input_after_ms, allow_none=True)
         if owner_id is not None and (not isinstance(owner_id, str) or not owner_id):
             raise ValueError("owner_id must be a non-empty string")
         self.store = store
@@ -206,6 +289,12 @@ class Runner:
         self.instrumentation = instrumentation
         self.settle_attempts = settle_attempts
         self.release_retry_ms = release_retry_ms
+        self.suspend_sleep_after_ms = suspend_sleep_after_ms
+        """A durable sleep with longer than this left suspends the task (``None``: never)."""
+        self.suspend_input_after_ms = suspend_input_after_ms
+        """An input wait longer than this suspends the task (``None``: never)."""
+        self._next_wake = math.inf
+        """The earliest wake (trio clock) of a sleep this runner suspended: recovery runs then."""
         self._jobs: dict[str, _Job] = {}
         self._contexts: dict[str, Context] = {}
         self._retry_scopes: dict[str, trio.CancelScope] = {}
@@ -406,7 +495,7 @@ class Runner:
                     {"task_id": job.task_id, "event_kind": event.kind.value},
                 )
                 return None
-            except DuplicateInputKey:
+            except (DuplicateInputKey, StepKeyReused, StepLimitExceeded):
                 raise  # the reducer's verdict, not a store failure
             except Exception:
                 log.exception("committing %s for task %s failed; retrying", event.kind, job.task_id)
@@ -547,6 +636,8 @@ class Runner:
             return NOT_FOUND
         accepted = result.effects.accepted_input_responses or {}
         job = self._jobs.get(task_id)
+        if job is None and accepted and result.snapshot.available_at is None:
+            self._resume_soon(task_id)
         if job is not None:
             # The attempt's next commit expects this revision (saves a conflict round trip).
             job.revision = max(job.revision, result.snapshot.revision)
@@ -555,6 +646,12 @@ class Runner:
                 if waiter is not None:
                     waiter.deliver(response)
         return result.snapshot
+
+    def _resume_soon(self, task_id: str) -> None:
+        """Try to claim a task whose input was just answered here: it may have been suspended
+        for it (a task running elsewhere is simply unavailable)."""
+        if self.running and self._nursery is not None and len(self._jobs) < self.max_jobs:
+            self._nursery.start_soon(self._claim_retry, task_id)
 
     async def _abandon(self, task_id: str, reason: str) -> None:
         scope = self._retry_scopes.pop(task_id, None)
@@ -577,7 +674,8 @@ class Runner:
         result = await self.store.claim(task_id, self.owner_id, self.lease_ms)
         if isinstance(result, Claimed):
             await self._start(result, source, trio.current_time() - started)
-        elif isinstance(result, Deferred):
+        elif isinstance(result, Deferred) and result.remaining_ms <= MAX_DELAY_MS:
+            # (longer: suspended until its input is answered, which makes it claimable)
             self._schedule_retry(task_id, result.remaining_ms)
 
     async def _start(self, claimed: Claimed, source: Source, duration: float) -> None:
@@ -627,6 +725,7 @@ class Runner:
             token=token,
             started_at=trio.current_time(),
             claim_duration=None if source == "request" else duration,
+            steps=snapshot.steps,
         )
         token._input = _AttemptInput(self, job)
         context = self._contexts.get(lease.task_id)
@@ -803,6 +902,8 @@ class Runner:
             return Failed(internal_error(NO_EXECUTOR), NO_EXECUTOR)
         try:
             value = await executor.execute(job.work, job.token, self.executor_state)
+        except StepError as error:  # a step of a WorkExecutor (token.step) failed the task
+            return Failed(error.to_error(), str(error))
         except Exception:
             log.exception("executor failed for task %s", job.task_id)
             return Failed(internal_error(EXECUTOR_FAILED), EXECUTOR_FAILED)
@@ -881,6 +982,8 @@ class Runner:
         if job.terminal:
             self._contexts.pop(job.task_id, None)
         job.done.set()
+        if job.stop_reason == "suspended" and job.wake_delay_ms is not None:
+            self._wake_later(job.task_id, job.wake_delay_ms)
         if retry and released != "pending":
             # After a stale release the store decides when the retry is due (delay 0 rechecks).
             assert job.retry_delay_ms is not None
@@ -1009,6 +1112,7 @@ class Runner:
             raise StaleAttempt(job.task_id)
         if not isinstance(key, str) or not key:
             raise ValueError("an input key must be a non-empty string")
+        self._no_step_body("await_input")
         request = ensure_json_object(request, what="input request")
         if not isinstance(request.get("method"), str) or not request["method"]:
             raise ValueError("an input request needs a non-empty string method")
@@ -1017,11 +1121,13 @@ class Runner:
             require_input_request(dict(context.client_capabilities), request)
         if key in job.waiters:
             raise DuplicateInputKey(key)
+        if key in job.steps:
+            raise DuplicateInputKey(key)
         waiter = _Waiter()
         job.waiters[key] = waiter
         try:
             await self._register_input(job, key, request, waiter)
-            await waiter.event.wait()
+            await self._wait_for_input(job, key, waiter)
         finally:
             if job.waiters.get(key) is waiter:
                 del job.waiters[key]
@@ -1029,6 +1135,18 @@ class Runner:
             raise waiter.error
         assert waiter.response is not None
         return waiter.response
+
+    async def _wait_for_input(self, job: _Job, key: str, waiter: _Waiter) -> None:
+        """Wait for the answer; past ``suspend_input_after_ms`` suspend the task instead."""
+        threshold = self.suspend_input_after_ms
+        while not waiter.event.is_set():
+            if threshold is None:
+                await waiter.event.wait()
+                return
+            with trio.move_on_after(threshold / 1000):
+                await waiter.event.wait()
+            if not waiter.event.is_set():
+                await self._suspend(job, key)  # returns only when there was nothing to wait for
 
     async def _register_input(
         self, job: _Job, key: str, request: JSONObject, waiter: _Waiter
@@ -1059,17 +1177,221 @@ class Runner:
         if result is None or result.outcome == "unchanged":
             raise StaleAttempt(job.task_id)
 
+    # -- durable steps -------------------------------------------------------------------
+
+    @staticmethod
+    def _no_step_body(what: str) -> None:
+        body = _STEP_BODY.get()
+        if body is not None:
+            raise StepMisuse(
+                f"{what} inside the body of step {body!r}: a step body may not use the task "
+                "context (run it between steps)"
+            )
+
+    def _use_key(self, job: _Job, key: str, what: str) -> None:
+        """The checks every step and sleep makes first: a live attempt, outside any step
+        body, with a key this attempt has not used yet."""
+        if self._jobs.get(job.task_id) is not job or job.stop_reason is not None:
+            raise StaleAttempt(job.task_id)
+        check_step_key(key)
+        self._no_step_body(what)
+        if key in job.step_keys or key in job.waiters:
+            raise DuplicateStepKey(key)
+        job.step_keys.add(key)
+
+    async def _commit_step(self, job: _Job, event: Event) -> Transition:
+        """Commit a step event under the attempt's lease (its id derived from task and key,
+        so a resend after a lost acknowledgement replays); a refused one ends the step."""
+        try:
+            result = await self._commit_worker(job, event)
+        except StepLimitExceeded as exc:
+            raise StepTooLarge(exc.key, str(exc).split(": ", 1)[-1]) from None
+        except (StepKeyReused, DuplicateInputKey):
+            raise DuplicateStepKey(event.data["key"]) from None
+        if result is None or result.outcome == "unchanged":
+            # Fenced (a later attempt owns the task) or the task is terminal (cancelled): the
+            # store refused the step, and this attempt is over.
+            raise StaleAttempt(job.task_id)
+        job.steps = result.snapshot.steps
+        return result
+
+    async def _step(
+        self,
+        job: _Job,
+        key: str,
+        fn: Callable[..., Any],
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        *,
+        fingerprint: str | None,
+        timeout_s: float | None,
+        retry: Sequence[int],
+        semantics: Semantics,
+        thread: bool,
+    ) -> Any:
+        """``ctx.step``: the recorded outcome of ``key``, or run ``fn`` and record it."""
+        timeout_s, delays = check_step_options(timeout_s, retry, semantics)
+        if not callable(fn):
+            raise TypeError("a step needs a callable")
+        if not thread and not _is_async(fn):
+            raise TypeError(
+                "a step function must be async; run a sync one with thread=True "
+                "(it runs in a worker thread and may poll ctx.cancelled)"
+            )
+        self._use_key(job, key, "ctx.step")
+        if fingerprint is None:
+            fingerprint = step_fingerprint(key, args, kwargs)
+        elif not isinstance(fingerprint, str) or not 0 < len(fingerprint) <= 256:
+            raise ValueError("fingerprint must be a string of 1..256 characters")
+        record = job.steps.get(key)
+        if record is not None:
+            return self._replayed(key, record, fingerprint)
+        task_id = job.task_id
+        if semantics == "at_most_once":
+            started = derived_event_id(task_id, EventKind.STEP_STARTED, key)
+            await self._commit_step(job, Event.step_started(key, fingerprint, id=started))
+        outcome = await self._run_step_body(job, key, fn, args, kwargs, timeout_s, delays, thread)
+        recorded = derived_event_id(task_id, EventKind.STEP_RECORDED, key)
+        await self._commit_step(job, Event.step_recorded(key, fingerprint, outcome, id=recorded))
+        if "error" in outcome:
+            raise StepFailed.from_error(outcome["error"], key)
+        return outcome["result"]
+
+    @staticmethod
+    def _replayed(key: str, record: JSONObject, fingerprint: str) -> Any:
+        if record["kind"] != "step":
+            raise StepMismatch(key, SLEEP_FINGERPRINT, fingerprint)
+        if record["fingerprint"] != fingerprint:
+            raise StepMismatch(key, record["fingerprint"], fingerprint)
+        outcome = record["outcome"]
+        if outcome is None:
+            raise StepInterrupted(key)
+        if "error" in outcome:
+            raise StepFailed.from_error(outcome["error"], key)
+        return outcome["result"]  # the attempt's own copy (a snapshot the store handed out)
+
+    async def _run_step_body(
+        self,
+        job: _Job,
+        key: str,
+        fn: Callable[..., Any],
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        timeout_s: float | None,
+        delays: tuple[int, ...],
+        thread: bool,
+    ) -> JSONObject:
+        """Run the body (again after each delay of its in-attempt retry list while it raises
+        anything but :class:`StepFailed` or a step error) and check its outcome."""
+        tries = 0
+        while True:
+            marker = _STEP_BODY.set(key)
+            try:
+                value = await _call_body(fn, args, kwargs, timeout_s, thread)
+            except StepFailed as failed:
+                return {"error": failed.error}
+            except StepError:
+                raise
+            except Exception:
+                if tries >= len(delays):
+                    raise
+                delay = delays[tries]
+                tries += 1
+                log.info("step %r of task %s failed; retrying in %d ms", key, job.task_id, delay)
+                await trio.sleep(delay / 1000)
+                continue
+            finally:
+                _STEP_BODY.reset(marker)
+            try:
+                outcome = {"result": ensure_json(value, what=f"the result of step {key!r}")}
+            except InvalidJSON as exc:
+                raise StepTooLarge(key, f"its result is not JSON ({exc})") from None
+            size = json_size(outcome)
+            if size > MAX_STEP_OUTCOME_BYTES:
+                raise StepTooLarge(
+                    key,
+                    f"its result is {size} bytes of JSON; a step outcome is limited to "
+                    f"{MAX_STEP_OUTCOME_BYTES} (store large data elsewhere, record its key)",
+                )
+            return outcome
+
+    async def _sleep(self, job: _Job, key: str, seconds: float) -> None:
+        """``ctx.sleep``: a durable sleep whose wake instant is on the store's clock."""
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, int | float)
+            or not math.isfinite(seconds)
+            or seconds < 0
+        ):
+            raise ValueError("a sleep takes a finite number of seconds >= 0")
+        delay_ms = math.ceil(seconds * 1000)
+        if delay_ms > MAX_DELAY_MS:
+            raise ValueError(f"a sleep is at most {MAX_DELAY_MS // 1000} seconds")
+        self._use_key(job, key, "ctx.sleep")
+        record = job.steps.get(key)
+        if record is None:
+            event_id = derived_event_id(job.task_id, EventKind.SLEEP_SCHEDULED, key)
+            await self._commit_step(job, Event.sleep_scheduled(key, delay_ms, id=event_id))
+            record = job.steps[key]
+        wake_at = step_wake_at(record)
+        if wake_at is None:
+            raise StepMismatch(key, record["fingerprint"], SLEEP_FINGERPRINT)
+        while True:
+            remaining_ms = -(-(wake_at - await self.store.now()) // 1000)
+            if remaining_ms <= 0:
+                return
+            threshold = self.suspend_sleep_after_ms
+            if threshold is None or remaining_ms <= threshold:
+                await trio.sleep(remaining_ms / 1000)
+                continue
+            await self._suspend(job, key, remaining_ms)
+
+    async def _suspend(self, job: _Job, key: str, wake_delay_ms: int | None = None) -> None:
+        """End the attempt with a suspension (lease and slot released, no retry consumed).
+
+        Returns only when the store found nothing to wait for (the sleep is due, the input
+        was answered meanwhile); otherwise the attempt is stopped and this never returns.
+        """
+        event_id = derived_event_id(job.task_id, EventKind.SUSPENDED, key, job.lease.generation)
+        result = await self._commit_worker(job, Event.suspended(key, id=event_id))
+        if result is None or result.snapshot.task.status.is_terminal:
+            raise StaleAttempt(job.task_id)
+        if result.outcome == "unchanged" or result.snapshot.suspended_key != key:
+            self._reconcile(job, result.snapshot)  # deliver an answer that arrived meanwhile
+            return
+        job.wake_delay_ms = wake_delay_ms
+        self._request_stop(job, "suspended")
+        await trio.sleep_forever()
+
     # -- background loops ----------------------------------------------------------------
 
     async def _recovery_loop(self) -> None:
         while True:
+            if self._next_wake <= trio.current_time():
+                self._next_wake = math.inf
             try:
                 await self.recover_once()
             except Exception:
                 log.exception("recovery pass failed")
-            with trio.move_on_after(self.recovery_interval_ms / 1000):
+            deadline = trio.current_time() + self.recovery_interval_ms / 1000
+            with trio.move_on_at(min(deadline, self._next_wake)):
                 await self._recover_soon.wait()
             self._recover_soon = trio.Event()
+
+    def _wake_later(self, task_id: str, delay_ms: int) -> None:
+        """A task this runner suspended for a durable sleep is due in ``delay_ms``.
+
+        A recovering runner keeps only the earliest such instant (its recovery pass then
+        claims whatever is due, and polling covers the rest), so suspended tasks cost it no
+        memory; a runner without recovery claims the task itself when it is due.
+        """
+        if self.recover:
+            at = trio.current_time() + delay_ms / 1000
+            if at < self._next_wake:
+                self._next_wake = at
+                self._recover_soon.set()  # the loop then waits for the earlier instant
+        else:
+            self._schedule_retry(task_id, delay_ms)
 
     def _poke_recovery(self, delay_s: float = 0.0) -> None:
         """Run a recovery pass now (or after ``delay_s``) instead of at the next poll."""
@@ -1119,6 +1441,8 @@ class Runner:
             job = self._jobs.get(task_id)
             if job is not None:
                 await self._refresh(job)
+            elif kind == "input_accepted":
+                self._poke_recovery()  # it may have been suspended for this input
 
     async def _refresh(self, job: _Job) -> None:
         """Re-read a running attempt's task now (what a heartbeat does, without renewing)."""
@@ -1164,6 +1488,35 @@ class Runner:
         for task_id in reaped:
             await self._abandon(task_id, "expired")
         return reaped
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - an object whose __call__ is async
+    )
+
+
+async def _call_body(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    timeout_s: float | None,
+    thread: bool,
+) -> Any:
+    """One run of a step body: async in this task, or sync in a worker thread (never
+    abandoned: the attempt waits for it, and it may poll ``ctx.cancelled``)."""
+    if thread:
+        started = trio.current_time()
+        value = await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
+        if timeout_s is not None and trio.current_time() - started > timeout_s:
+            raise trio.TooSlowError  # a thread cannot be interrupted: its late result is void
+        return value
+    if timeout_s is None:
+        return await fn(*args, **kwargs)
+    with trio.fail_after(timeout_s):
+        return await fn(*args, **kwargs)
 
 
 class _JobCapacity(CapacityExceeded):

@@ -10,8 +10,9 @@ Authority rules (reference 3.3):
   ``input_responses_accepted``; a ``cancel`` access only ``cancelled``; anything else raises
   :class:`UnauthorizedAction`. A request transition from another scope or store, or on an expired
   task, gives :data:`NOT_FOUND`;
-* a :class:`WorkerAuthority` may apply only ``input_requested``, ``retry_requested``, ``completed``
-  and ``failed`` (otherwise :class:`UnauthorizedAction`); a forged, expired, other-task or
+* a :class:`WorkerAuthority` may apply only ``input_requested``, ``retry_requested``, ``completed``,
+  ``failed`` and the step events ``step_started``, ``step_recorded``, ``sleep_scheduled`` and
+  ``suspended`` (otherwise :class:`UnauthorizedAction`); a forged, expired, other-task or
   other-store lease raises :class:`StaleLease`. Claims span scopes: worker authority belongs to
   the application, not to a principal.
 
@@ -40,7 +41,7 @@ import attrs
 
 from tritask.tasks.events import Effects, Event, EventKind, effects_from_json
 from tritask.tasks.model import CorruptRecord, Snapshot, Task, TaskStatus
-from tritask.tasks.reducer import DuplicateInputKey
+from tritask.tasks.reducer import DuplicateInputKey, StepKeyReused, StepLimitExceeded
 from tritask.tasks.work import InvalidJSON, Work, canonical_json
 
 __all__ = [
@@ -81,6 +82,8 @@ __all__ = [
     "Settles",
     "StaleLease",
     "StampsCreation",
+    "StepKeyReused",
+    "StepLimitExceeded",
     "Store",
     "StoreError",
     "StoredTask",
@@ -138,6 +141,10 @@ WORKER_KINDS: Final = frozenset(
         EventKind.RETRY_REQUESTED,
         EventKind.COMPLETED,
         EventKind.FAILED,
+        EventKind.STEP_STARTED,
+        EventKind.STEP_RECORDED,
+        EventKind.SLEEP_SCHEDULED,
+        EventKind.SUSPENDED,
     }
 )
 SETTLE_KINDS: Final = frozenset({EventKind.RETRY_REQUESTED, EventKind.COMPLETED, EventKind.FAILED})
@@ -815,8 +822,9 @@ class Store(Protocol):
     async def claim(
         self, task_id: str, owner_id: str, lease_ms: int
     ) -> Claimed | Deferred | Unavailable | NotFound:
-        """Claim one task: terminal/no work/live claim → ``UNAVAILABLE``; retry pending →
-        ``Deferred``; else a new lease at the next generation."""
+        """Claim one task: terminal/no work/live claim → ``UNAVAILABLE``; retry pending or
+        suspended (``snapshot.available_at`` in the future) → ``Deferred``; else a new lease at
+        the next generation."""
         ...
 
     async def claim_next(self, owner_id: str, lease_ms: int) -> Claimed | None:

@@ -43,7 +43,8 @@ import attrs
 import pytest
 import trio
 
-from tritask.tasks.events import Effects, Event, RetryEffect
+from tritask.tasks._time import format_instant
+from tritask.tasks.events import Effects, Event, EventKind, RetryEffect, derived_event_id
 from tritask.tasks.model import Snapshot, TaskStatus, new_task
 from tritask.tasks.store import (
     NOT_FOUND,
@@ -64,6 +65,8 @@ from tritask.tasks.store import (
     RequestAuthority,
     Scope,
     StaleLease,
+    StepKeyReused,
+    StepLimitExceeded,
     Store,
     StoredTask,
     TaskCursor,
@@ -933,6 +936,233 @@ class StoreContract:
                     )
             after = await store.get("task-1", await store.authorize(A, Action.GET, "task-1"))
             assert after == partial.snapshot
+
+    # -- durable steps (issue 16) ------------------------------------------------------------------
+
+    @staticmethod
+    async def get_snapshot(store: Store, task_id: str, ctx: object = A) -> Snapshot:
+        snapshot = await store.get(task_id, await store.authorize(ctx, Action.GET, task_id))
+        assert isinstance(snapshot, Snapshot), snapshot
+        return snapshot
+
+    async def test_steps_are_recorded_and_replayed_to_the_next_claim(self) -> None:
+        async with self.store() as store:
+            await self.create(store, "task-1", policy=RetryPolicy([1000]))
+            lease = await self.claimed(store, "task-1")
+            worker = WorkerAuthority(lease)
+            started = await self.applied(
+                store, "task-1", 0, Event.step_started("charge", "fp-c"), worker
+            )
+            assert started.snapshot.steps == {
+                "charge": {"kind": "step", "fingerprint": "fp-c", "outcome": None}
+            }
+            outcome = {"result": {"refund": "re_1", "lines": [1, 2.5, "€", None, True]}}
+            recorded = await self.applied(
+                store, "task-1", 1, Event.step_recorded("charge", "fp-c", outcome), worker
+            )
+            failure = {"error": {"code": -32001, "message": "declined", "data": {"n": 1}}}
+            await self.applied(
+                store, "task-1", 2, Event.step_recorded("notify/0", "fp-n", failure), worker
+            )
+            slept = await self.applied(
+                store, "task-1", 3, Event.sleep_scheduled("nap", 250), worker
+            )
+            steps = {
+                "charge": {"kind": "step", "fingerprint": "fp-c", "outcome": outcome},
+                "notify/0": {"kind": "step", "fingerprint": "fp-n", "outcome": failure},
+                "nap": {"kind": "sleep", "wakeAt": format_instant(slept.committed_at + 250_000)},
+            }
+            assert recorded.snapshot.steps == {"charge": steps["charge"]}
+            assert slept.snapshot.steps == steps
+            assert await self.get_snapshot(store, "task-1") == slept.snapshot
+            retry = Event.retry_requested(ERROR, "again")
+            await self.applied(store, "task-1", 4, retry, worker)
+            await store.release(lease)
+            await self.advance(1100)
+            again = await store.claim("task-1", "owner-2", LEASE_MS)
+            assert isinstance(again, Claimed)
+            assert again.snapshot.steps == steps  # what the next attempt replays
+            assert again.snapshot.retry_count == 1
+
+    async def test_a_stale_attempts_step_is_refused(self) -> None:
+        async with self.store() as store:
+            await self.create(store, "task-1")
+            old = await self.claimed(store, "task-1")
+            await self.advance(LEASE_MS)
+            new = await self.claimed(store, "task-1", "owner-2")
+            late = Event.step_recorded("charge", "fp", {"result": "zombie"})
+            with pytest.raises(StaleLease):
+                await store.transition("task-1", 0, late, WorkerAuthority(old))
+            with pytest.raises(StaleLease):
+                await store.transition(
+                    "task-1", 0, Event.step_started("charge", "fp"), WorkerAuthority(old)
+                )
+            assert (await self.get_snapshot(store, "task-1")).steps == {}
+            mine = Event.step_recorded("charge", "fp", {"result": "live"})
+            done = await self.applied(store, "task-1", 0, mine, WorkerAuthority(new))
+            assert done.snapshot.steps["charge"]["outcome"] == {"result": "live"}
+
+    async def test_a_step_resent_after_a_lost_acknowledgement_replays(self) -> None:
+        async with self.store() as store:
+            await self.create(store, "task-1")
+            worker = WorkerAuthority(await self.claimed(store, "task-1"))
+            event_id = derived_event_id("task-1", EventKind.STEP_RECORDED, "charge")
+            event = Event.step_recorded("charge", "fp", {"result": 7}, id=event_id)
+            first = await self.applied(store, "task-1", 0, event, worker)
+            await self.advance(10)
+            resent = await store.transition("task-1", 0, event, worker)
+            assert resent == attrs.evolve(first, outcome="duplicate")
+            other = Event.step_recorded("charge", "fp", {"result": 8}, id=event_id)
+            with pytest.raises(EventIdReused):
+                await store.transition("task-1", 1, other, worker)
+            assert await self.get_snapshot(store, "task-1") == first.snapshot
+
+    async def test_step_keys_are_recorded_once_per_task(self) -> None:
+        async with self.store() as store:
+            await self.create(store, "task-1")
+            worker = WorkerAuthority(await self.claimed(store, "task-1"))
+            await self.applied(store, "task-1", 0, Event.step_started("a", "fp-1"), worker)
+            refused = [
+                Event.step_recorded("a", "fp-2", {"result": 1}),  # another fingerprint
+                Event.step_started("a", "fp-1"),
+                Event.sleep_scheduled("a", 10),
+            ]
+            for event in refused:
+                with pytest.raises(StepKeyReused):
+                    await store.transition("task-1", 1, event, worker)
+            await self.applied(
+                store, "task-1", 1, Event.step_recorded("a", "fp-1", {"result": 1}), worker
+            )
+            with pytest.raises(StepKeyReused):
+                await store.transition(
+                    "task-1", 2, Event.step_recorded("a", "fp-1", {"result": 2}), worker
+                )
+            await self.applied(store, "task-1", 2, Event.input_requested("ask", ASK), worker)
+            with pytest.raises(StepKeyReused):
+                await store.transition(
+                    "task-1", 3, Event.step_recorded("ask", "fp", {"result": 1}), worker
+                )
+            with pytest.raises(DuplicateInputKey):
+                await store.transition("task-1", 3, Event.input_requested("a", ASK), worker)
+            after = await self.get_snapshot(store, "task-1")
+            assert after.revision == 3
+            assert after.steps == {
+                "a": {"kind": "step", "fingerprint": "fp-1", "outcome": {"result": 1}}
+            }
+
+    async def test_a_task_past_its_step_limits_records_nothing(self) -> None:
+        async with self.store() as store:
+            await self.create(store, "task-1")
+            worker = WorkerAuthority(await self.claimed(store, "task-1"))
+            chunk = "x" * 65_000  # each outcome under its 64 KiB, 17 of them over 1 MiB
+            for n in range(16):
+                event = Event.step_recorded(f"s{n}", "fp", {"result": chunk})
+                await self.applied(store, "task-1", n, event, worker)
+            with pytest.raises(StepLimitExceeded):
+                await store.transition(
+                    "task-1", 16, Event.step_recorded("s16", "fp", {"result": chunk}), worker
+                )
+            after = await self.get_snapshot(store, "task-1")
+            assert (after.revision, len(after.steps)) == (16, 16)
+            done = await self.applied(store, "task-1", 16, Event.completed({}), worker)
+            assert done.snapshot.task.status is TaskStatus.COMPLETED
+
+    async def test_a_suspended_sleep_is_claimable_exactly_at_its_wake_instant(self) -> None:
+        async with self.store() as store:
+            await self.create(store, "task-1")
+            lease = await self.claimed(store, "task-1")
+            worker = WorkerAuthority(lease)
+            slept = await self.applied(
+                store, "task-1", 0, Event.sleep_scheduled("cooldown", 5000), worker
+            )
+            wake_at = slept.committed_at + 5_000_000
+            suspended = await self.applied(store, "task-1", 1, Event.suspended("cooldown"), worker)
+            assert (suspended.snapshot.suspended_key, suspended.snapshot.suspended_until) == (
+                "cooldown",
+                wake_at,
+            )
+            assert suspended.snapshot.available_at == wake_at
+            assert suspended.snapshot.retry_count == 0
+            await store.release(lease)
+            assert await store.claim("task-1", "owner-2", LEASE_MS) == Deferred(
+                -(-(wake_at - await store.now()) // 1000)
+            )
+            assert await store.claim_next("owner-2", LEASE_MS) is None
+            await self.advance(-(-(wake_at - await store.now()) // 1000) - 1)
+            assert await store.claim_next("owner-2", LEASE_MS) is None
+            await self.advance(1)
+            claimed = await store.claim_next("owner-2", LEASE_MS)
+            assert isinstance(claimed, Claimed)
+            assert claimed.snapshot == suspended.snapshot
+            # A second suspension on the due sleep changes nothing.
+            again = await store.transition(
+                "task-1", 2, Event.suspended("cooldown"), WorkerAuthority(claimed.lease)
+            )
+            assert isinstance(again, Transition) and again.outcome == "unchanged"
+
+    async def test_a_task_suspended_for_input_waits_for_the_answer(self) -> None:
+        async with self.store() as store:
+            await self.create(store, "task-1")
+            lease = await self.claimed(store, "task-1")
+            worker = WorkerAuthority(lease)
+            await self.applied(store, "task-1", 0, Event.input_requested("confirm", ASK), worker)
+            for key in ("other", "missing"):  # nothing outstanding to wait for
+                nothing = await store.transition("task-1", 1, Event.suspended(key), worker)
+                assert isinstance(nothing, Transition) and nothing.outcome == "unchanged"
+            suspended = await self.applied(store, "task-1", 1, Event.suspended("confirm"), worker)
+            assert (suspended.snapshot.suspended_key, suspended.snapshot.suspended_until) == (
+                "confirm",
+                None,
+            )
+            await store.release(lease)
+            await self.advance(LEASE_MS)
+            assert isinstance(await store.claim("task-1", "owner-2", LEASE_MS), Deferred)
+            assert await store.claim_next("owner-2", LEASE_MS) is None
+            update = await self.request(store, A, Action.UPDATE, "task-1")
+            answer = {"confirm": {"action": "accept"}}
+            answered = await self.applied(
+                store, "task-1", 2, Event.input_responses_accepted(answer), update
+            )
+            assert answered.snapshot.suspended_key is None
+            assert answered.snapshot.available_at is None
+            claimed = await store.claim_next("owner-2", LEASE_MS)
+            assert isinstance(claimed, Claimed)
+            assert claimed.snapshot.accepted_input_responses == answer
+
+    async def test_cancel_ends_a_suspension_and_refuses_late_steps(self) -> None:
+        async with self.store() as store:
+            await self.create(store, "task-1")
+            lease = await self.claimed(store, "task-1")
+            worker = WorkerAuthority(lease)
+            await self.applied(store, "task-1", 0, Event.sleep_scheduled("nap", 60_000), worker)
+            await self.applied(store, "task-1", 1, Event.suspended("nap"), worker)
+            cancel = await self.request(store, A, Action.CANCEL, "task-1")
+            cancelled = await self.applied(store, "task-1", 2, Event.cancelled(), cancel)
+            assert cancelled.snapshot.task.status is TaskStatus.CANCELLED
+            assert (cancelled.snapshot.suspended_key, cancelled.snapshot.available_at) == (
+                None,
+                None,
+            )
+            late = await store.transition(
+                "task-1", 3, Event.step_recorded("late", "fp", {"result": 1}), worker
+            )
+            assert isinstance(late, Transition) and late.outcome == "unchanged"
+            assert "late" not in (await self.get_snapshot(store, "task-1")).steps
+
+    async def test_reaping_deletes_a_task_with_its_steps(self) -> None:
+        async with self.store() as store:
+            await self.create(store, "task-1", ttl_ms=1000)
+            worker = WorkerAuthority(await self.claimed(store, "task-1"))
+            await self.applied(
+                store, "task-1", 0, Event.step_recorded("a", "fp", {"result": 1}), worker
+            )
+            await self.applied(store, "task-1", 1, Event.sleep_scheduled("nap", 60_000), worker)
+            await self.applied(store, "task-1", 2, Event.suspended("nap"), worker)
+            await self.advance(1000)
+            assert await store.reap() == ["task-1"]
+            access = await store.authorize(A, Action.GET, "task-1")
+            assert await store.get("task-1", access) is NOT_FOUND
+            assert await store.claim_next("owner-2", LEASE_MS) is None
 
     async def test_now_moves_with_advance(self) -> None:
         async with self.store() as store:

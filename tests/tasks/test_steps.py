@@ -1,0 +1,694 @@
+"""Durable steps on the memory store under MockClock: recording and replay across attempts,
+duplicate keys, fingerprints, at_most_once, caps, StepFailed, in-attempt retries and timeouts,
+misuse, cancellation, durable sleep and suspension (for a sleep and for input)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from helpers import (
+    ANONYMOUS,
+    START_US,
+    ScriptedExecutor,
+    create_raw,
+    raw_snapshot,
+    start_env,
+    wait_stops,
+)
+
+from tritask.server.context import Context
+from tritask.server.mrtr import elicitation
+from tritask.tasks import TrioClock, format_instant
+from tritask.tasks import instrumentation as ins
+from tritask.tasks.events import MAX_STEP_OUTCOME_BYTES, Event
+from tritask.tasks.executor import Completed, ExecutionToken, Retry
+from tritask.tasks.instrumentation import RecordingInstrumentation
+from tritask.tasks.memory import MemoryStore
+from tritask.tasks.model import Snapshot, TaskStatus
+from tritask.tasks.runner import Runner
+from tritask.tasks.steps import (
+    DuplicateStepKey,
+    StepFailed,
+    StepInterrupted,
+    StepMisuse,
+    step_fingerprint,
+)
+from tritask.tasks.store import Action
+from tritask.tasks.work import RetryPolicy, Work
+
+DONE = {"content": [], "isError": False}
+ERROR = {"code": -32000, "message": "again"}
+
+
+def done(value: Any) -> Completed:
+    return Completed({"content": [], "isError": False, "structuredContent": {"value": value}})
+
+
+def make_runner(store: MemoryStore, script: Any, **options: Any) -> tuple[Runner, Any]:
+    events = RecordingInstrumentation()
+    executor = ScriptedExecutor(script)
+    runner = Runner(
+        store, executor=executor, instrumentation=events, reap_interval_ms=None, **options
+    )
+    return runner, events
+
+
+def retry_work(task_id: str, delays: list[int]) -> Work:
+    return Work(
+        idempotency_key=task_id,
+        type="job",
+        input={"taskId": task_id},
+        retry_policy=RetryPolicy(delays),
+    )
+
+
+async def final(store: MemoryStore, task_id: str, interval: float = 0.01) -> Snapshot:
+    for _ in range(100_000):
+        snapshot = await raw_snapshot(store, task_id)
+        assert isinstance(snapshot, Snapshot)
+        if snapshot.task.status.is_terminal:
+            return snapshot
+        await trio.sleep(interval)
+    raise AssertionError("the task never finished")
+
+
+def kinds(store: MemoryStore, task_id: str) -> list[str]:
+    return [entry.event.kind.value for entry in store.history(task_id)]
+
+
+async def test_a_step_is_recorded_once_and_replayed_by_every_later_attempt(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = MemoryStore(scope="shared", clock=TrioClock(START_US))
+    runs: list[str] = []
+
+    async def charge(amount: int, *, currency: str) -> dict[str, Any]:
+        runs.append(f"charge {amount} {currency}")
+        await trio.sleep(1)
+        return {"charged": amount, "currency": currency}
+
+    async def script(work: Work, token: ExecutionToken) -> Any:
+        first = await token.step("charge", charge, 12, currency="EUR")
+        second = await token.step("note", charge, 1, currency="USD")
+        if token.generation < 3:
+            return Retry(ERROR, "again")
+        return done([first, second, token.step_key("charge")])
+
+    runner, _ = make_runner(store, script)
+    async with runner:
+        await create_raw(store, runner, "t1", work=retry_work("t1", [100, 100]))
+        snapshot = await final(store, "t1")
+    assert runs == ["charge 12 EUR", "charge 1 USD"]  # each body ran once in three attempts
+    assert snapshot.task.result is not None
+    assert snapshot.task.result["structuredContent"] == {
+        "value": [
+            {"charged": 12, "currency": "EUR"},
+            {"charged": 1, "currency": "USD"},
+            "t1/charge",
+        ]
+    }
+    assert snapshot.retry_count == 2
+    assert snapshot.steps == {
+        "charge": {
+            "kind": "step",
+            "fingerprint": step_fingerprint("charge", [12], {"currency": "EUR"}),
+            "outcome": {"result": {"charged": 12, "currency": "EUR"}},
+        },
+        "note": {
+            "kind": "step",
+            "fingerprint": step_fingerprint("note", [1], {"currency": "USD"}),
+            "outcome": {"result": {"charged": 1, "currency": "USD"}},
+        },
+    }
+    assert kinds(store, "t1") == [
+        "step_recorded",
+        "step_recorded",
+        "retry_requested",
+        "retry_requested",
+        "completed",
+    ]
+
+
+async def test_a_recovered_attempt_reruns_only_the_step_in_flight(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Runner 1 stops (as if killed) in the middle of step b; runner 2 recovers the task: a's
+    body never runs again, b's runs once more, c's once."""
+    store = MemoryStore(scope="shared", clock=TrioClock(START_US))
+    runs: list[str] = []
+    in_b = trio.Event()
+
+    async def body(name: str) -> str:
+        runs.append(name)
+        if name == "b" and len(runs) == 2:
+            in_b.set()
+            await trio.sleep_forever()
+        return name.upper()
+
+    async def script(work: Work, token: ExecutionToken) -> Any:
+        values = [await token.step(name, body, name) for name in ("a", "b", "c")]
+        return done(values)
+
+    first, _ = make_runner(store, script, lease_ms=3_000)
+    async with first:
+        await create_raw(store, first, "t1")
+        await in_b.wait()
+    second, _ = make_runner(store, script, recover=True, lease_ms=3_000)
+    async with second:
+        snapshot = await final(store, "t1")
+    assert runs == ["a", "b", "b", "c"]
+    assert snapshot.task.result is not None
+    assert snapshot.task.result["structuredContent"] == {"value": ["A", "B", "C"]}
+    assert kinds(store, "t1") == ["step_recorded"] * 3 + ["completed"]
+
+
+async def test_duplicate_keys_in_one_attempt_fail_the_task(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = MemoryStore(scope="shared", clock=TrioClock(START_US))
+
+    async def one() -> int:
+        return 1
+
+    async def script(work: Work, token: ExecutionToken) -> Any:
+        await token.step("same", one)
+        with pytest.raises(DuplicateStepKey):
+            await token.step("same", one)
+        with pytest.raises(DuplicateStepKey):
+            await token.sleep("same", 1)
+        async with trio.open_nursery() as nursery:  # in parallel too
+            nursery.start_soon(token.step, "p", one)
+            nursery.start_soon(token.step, "q", one)
+        with pytest.raises(DuplicateStepKey):
+            await token.step("q", one)
+        return await token.step("same", one)  # raises: fails the task
+
+    runner, _ = make_runner(store, script)
+    async with runner:
+        await create_raw(store, runner, "t1")
+        snapshot = await final(store, "t1")
+    assert snapshot.task.status is TaskStatus.FAILED
+    assert snapshot.task.error == {
+        "code": -32603,
+        "message": "step key 'same' is used twice in one attempt of this task",
+    }
+    assert sorted(snapshot.steps) == ["p", "q", "same"]
+
+
+async def test_a_changed_fingerprint_fails_the_task_naming_the_key(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = MemoryStore(scope="shared", clock=TrioClock(START_US))
+    runs: list[int] = []
+
+    async def load(order: int) -> int:
+        runs.append(order)
+        return order * 2
+
+    async def script(work: Work, token: ExecutionToken) -> Any:
+        await token.step("load", load, token.generation)  # other arguments on the replay
+        return Retry(ERROR, "again")
+
+    runner, _ = make_runner(store, script)
+    async with runner:
+        await create_raw(store, runner, "t1", work=retry_work("t1", [100, 100]))
+        snapshot = await final(store, "t1")
+    recorded = step_fingerprint("load", [1], {})
+    given = step_fingerprint("load", [2], {})
+    assert runs == [1]
+    assert snapshot.task.status is TaskStatus.FAILED
+    assert snapshot.task.error == {
+        "code": -32603,
+        "message": f"step 'load' was recorded with fingerprint {recorded} but is replayed with "
+        f"{given}: the task's code or arguments changed (pass fingerprint= to pin it)",
+    }
+    assert snapshot.retry_count == 1
+
+
+async def test_an_explicit_fingerprint_replays_despite_other_arguments(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = MemoryStore(scope="shared", clock=TrioClock(START_US))
+    runs: list[object] = []
+
+    async def load(handle: object) -> str:
+        runs.append(handle)
+        return "loaded"
+
+    async def script(work: Work, token: ExecutionToken) -> Any:
+        value = await token.step("load", load, object(), fingerprint="order-7")
+        if token.generation == 1:
+            return Retry(ERROR, "again")
+        return done(value)
+
+    runner, _ = make_runner(store, script)
+    async with runner:
+        await create_raw(store, runner, "t1", work=retry_work("t1", [100]))
+        snapshot = await final(store, "t1")
+    assert len(runs) == 1
+    assert snapshot.task.result is not None
+    assert snapshot.task.result["structuredContent"] == {"value": "loaded"}
+    assert snapshot.steps["load"]["fingerprint"] == "order-7"
+
+
+async def test_arguments_that_are_not_json_need_a_fingerprint(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = MemoryStore(scope="shared", clock=TrioClock(START_US))
+
+    async def load(handle: object) -> str:
+        raise AssertionError("never runs")
+
+    async def script(work: Work, token: ExecutionToken) -> Any:
+        with pytest.raises(TypeError, match="pass fingerprint= to name them"):
+            await token.step("load", load, object())
+        return done("ok")
+
+    runner, _ = make_runner(store, script)
+    async with runner:
+        await create_raw(store, runner, "t1")
+        snapshot = await final(store, "t1")
+    assert snapshot.task.status is TaskStatus.COMPLETED
+    assert snapshot.steps == {}
+
+
+async def test_step_failed_is_recorded_and_raised_again_identically(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = MemoryStore(scope="shared", clock=TrioClock(START_US))
+    runs: list[int] = []
+    caught: list[tuple[int, str, Any, str | None]] = []
+
+    async def refund() -> None:
+        runs.append(1)
+        raise StepFailed("card declined", code=-32001, data={"decline": "insufficient_funds"})
+
+    async def script(work: Work, token: ExecutionToken) -> Any:
+        try:
+            await token.step("refund", refund)
+        except StepFailed as failed:
+            caught.append((failed.code, failed.message, failed.data, failed.key))
+        if token.generation == 1:
+            return Retry(ERROR, "again")
+        return await token.step("refund-again", refund)  # uncaught: fails the task with it
+
+    runner, _ = make_runner(store, script)
+    async with runner:
+        await create_raw(store, runner, "t1", work=retry_work("t1", [100]))
+        snapshot = await final(store, "t1")
+    error = {"code": -32001, "message": "card declined", "data": {"decline": "insufficient_funds"}}
+    assert caught == [(-32001, "card declined", {"decline": "insufficient_funds"}, "refund")] * 2
+    assert runs == [1, 1]  # refund once, refund-again once
+    assert snapshot.steps["refund"]["outcome"] == {"error": error}
+    assert snapshot.task.status is TaskStatus.FAILED
+    assert snapshot.task.error == error
+
+
+async def test_at_most_once_commits_a_marker_and_an_interrupted_step_is_reported(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = MemoryStore(scope="shared", clock=TrioClock(START_US))
+    runs: list[int] = []
+    entered = trio.Event()
+    seen: list[str] = []
+
+    async def charge() -> str:
+        runs.append(1)
+        entered.set()
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async def script(work: Work, token: ExecutionToken) -> Any:
+        try:
+            await token.step("charge", charge, semantics="at_most_once")
+        except StepInterrupted as interrupted:
+            seen.append(str(interrupted))
+            return done("reconciled")
+        raise AssertionError("unreachable")
+
+    first, _ = make_runner(store, script, lease_ms=3_000)
+    async with first:
+        await create_raw(store, first, "t1")
+        await entered.wait()
+        snapshot = await raw_snapshot(store, "t1")
+        assert isinstance(snapshot, Snapshot)
+        assert snapshot.steps == {
+            "charge": {
+                "kind": "step",
+                "fingerprint": step_fingerprint("charge", [], {}),
+                "outcome": None,
+            }
+        }
+    second, _ = make_runner(store, script, recover=True, lease_ms=3_000)
+    async with second:
+        snapshot = await final(store, "t1")
+    assert runs == [1]  # the body never ran again
+    assert seen == [
+        "step 'charge' (at_most_once) started in an earlier attempt that ended before "
+        "recording its outcome; its effect is unknown"
+    ]
+    assert snapshot.task.result is not None
+    assert snapshot.task.result["structuredContent"] == {"value": "reconciled"}
+    assert kinds(store, "t1") == ["step_started", "completed"]
+
+
+async def test_an_oversized_or_non_json_outcome_fails_fast_without_a_retry(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = MemoryStore(scope="shared", clock=TrioClock(START_US))
+    runs: list[str] = []
+
+    async def big() -> str:
+        runs.append("big")
+        return "x" * MAX_STEP_OUTCOME_BYTES
+
+    async def odd() -> object:
+        runs.append("odd")
+        return {1, 2}
+
+    async def script(work: Work, token: ExecutionToken) -> Any:
+        name = work.input["taskId"]
+        await token.step("out", big if name == "big" else odd)
+        return done("never")
+
+    runner, _ = make_runner(store, script)
+    async with runner:
+        for name in ("big", "odd"):
+            await create_raw(
+                store,
+                runner,
+                name,
+                work=attrs_evolve_input(retry_work(name, [100, 100]), name),
+            )
+        big_task, odd_task = await final(store, "big"), await final(store, "odd")
+    assert runs == ["big", "odd"]
+    size = MAX_STEP_OUTCOME_BYTES + len('{"result":""}')
+    assert big_task.task.error == {
+        "code": -32603,
+        "message": f"step 'out': its result is {size} bytes of JSON; a step outcome is limited "
+        f"to {MAX_STEP_OUTCOME_BYTES} (store large data elsewhere, record its key)",
+    }
+    assert odd_task.task.error == {
+        "code": -32603,
+        "message": "step 'out': its result is not JSON (the result of step 'out' contains a "
+        "non-JSON set)",
+    }
+    for snapshot in (big_task, odd_task):
+        assert snapshot.retry_count == 0
+        assert snapshot.steps == {}
+        assert kinds(store, snapshot.task.id) == ["failed"]
+
+
+def attrs_evolve_input(work: Work, name: str) -> Work:
+    return Work(
+        idempotency_key=name,
+        type="job",
+        input={"taskId": name},
+        retry_policy=work.retry_policy,
+    )
+
+
+async def test_in_attempt_retries_and_timeouts(autojump_clock: trio.testing.MockClock) -> None:
+    store = MemoryStore(scope="shared", clock=TrioClock(START_US))
+    tries: list[float] = []
+
+    async def flaky() -> str:
+        tries.append(trio.current_time())
+        if len(tries) == 1:
+            await trio.sleep(10)  # times out after 2 s
+        if len(tries) == 2:
+            raise ConnectionError("reset")
+        return "third time"
+
+    async def script(work: Work, token: ExecutionToken) -> Any:
+        value = await token.step("call", flaky, timeout_s=2, retry=[100, 300])
+        with contextlib.suppress(trio.TooSlowError):
+            await token.step("never", flaky, timeout_s=1, retry=[])
+        return done(value)
+
+    runner, _ = make_runner(store, script)
+    start = trio.current_time()
+    async with runner:
+        await create_raw(store, runner, "t1")
+        snapshot = await final(store, "t1")
+    offsets = [round(t - start, 3) for t in tries[:3]]
+    assert offsets == [0.0, 2.1, 2.4]
+    assert snapshot.task.result is not None
+    assert snapshot.task.result["structuredContent"] == {"value": "third time"}
+    assert sorted(snapshot.steps) == ["call", "never"]  # the fourth try returned at once
+
+
+async def test_context_calls_inside_a_step_body_are_refused(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = MemoryStore(scope="shared", clock=TrioClock(START_US))
+    refused: list[str] = []
+
+    async def script(work: Work, token: ExecutionToken) -> Any:
+        async def outer() -> str:
+            async def inner() -> str:
+                return "inner"
+
+            for call in (
+                functools.partial(token.step, "inner", inner),
+                functools.partial(token.sleep, "nap", 1),
+                functools.partial(token.await_input, "ask", {"method": "elicitation/create"}),
+            ):
+                try:
+                    await call()
+                except StepMisuse as misuse:
+                    refused.append(str(misuse).split(":")[0])
+            return "outer"
+
+        return done(await token.step("outer", outer))
+
+    runner, _ = make_runner(store, script)
+    async with runner:
+        await create_raw(store, runner, "t1")
+        snapshot = await final(store, "t1")
+    assert refused == [
+        "ctx.step inside the body of step 'outer'",
+        "ctx.sleep inside the body of step 'outer'",
+        "await_input inside the body of step 'outer'",
+    ]
+    assert snapshot.task.status is TaskStatus.COMPLETED
+    assert sorted(snapshot.steps) == ["outer"]
+
+
+async def test_cancel_is_committed_first_then_the_running_step_is_cancelled(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = MemoryStore(scope="shared", clock=TrioClock(START_US))
+    entered = trio.Event()
+    exits: list[str] = []
+
+    async def slow() -> str:
+        entered.set()
+        try:
+            await trio.sleep_forever()
+        finally:
+            snapshot = await_nothing()
+            exits.append(snapshot)
+        raise AssertionError("unreachable")
+
+    def await_nothing() -> str:
+        return "cancelled"
+
+    async def script(work: Work, token: ExecutionToken) -> Any:
+        await token.step("slow", slow)
+        return done("never")
+
+    runner, events = make_runner(store, script)
+    async with runner:
+        await create_raw(store, runner, "t1")
+        await entered.wait()
+        access = await store.authorize(ANONYMOUS, Action.CANCEL, "t1")
+        result = await runner.cancel("t1", access)
+        assert isinstance(result, Snapshot)
+    assert exits == ["cancelled"]
+    assert result.task.status is TaskStatus.CANCELLED
+    assert kinds(store, "t1") == ["cancelled"]
+    assert result.steps == {}
+    assert [md["outcome"] for _, md in events.named(ins.JOB_STOP)] == ["cancelled"]
+
+
+async def test_a_late_step_commit_on_a_terminal_task_is_refused(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = MemoryStore(scope="shared", clock=TrioClock(START_US))
+    claimed = await create_lease(store, "t1")
+    access = await store.authorize(ANONYMOUS, Action.CANCEL, "t1")
+    from tritask.tasks.store import RequestAuthority, Transition, WorkerAuthority
+
+    cancelled = await store.transition("t1", 0, Event.cancelled(), RequestAuthority(access))
+    assert isinstance(cancelled, Transition)
+    late = Event.step_recorded("a", "fp", {"result": 1})
+    refused = await store.transition("t1", 1, late, WorkerAuthority(claimed))
+    assert isinstance(refused, Transition)
+    assert refused.outcome == "unchanged"
+    assert refused.snapshot.steps == {}
+    assert kinds(store, "t1") == ["cancelled"]
+
+
+async def create_lease(store: MemoryStore, task_id: str) -> Any:
+    from tritask.tasks.model import new_task
+    from tritask.tasks.store import Claimed
+
+    access = await store.authorize(ANONYMOUS, Action.CREATE, task_id)
+    work = Work(idempotency_key=task_id, type="job", input={})
+    await store.create(new_task(task_id, await store.now(), None, None), work, access)
+    result = await store.claim(task_id, "owner", 30_000)
+    assert isinstance(result, Claimed)
+    return result.lease
+
+
+# -- durable sleep and suspension ---------------------------------------------------------------
+
+
+async def test_a_short_sleep_stays_in_the_attempt_and_replays_what_is_left(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    store = MemoryStore(scope="shared", clock=TrioClock(START_US))
+    woke: list[float] = []
+
+    async def script(work: Work, token: ExecutionToken) -> Any:
+        await token.sleep("nap", 3)
+        woke.append(trio.current_time())
+        if token.generation == 1:
+            return Retry(ERROR, "again")
+        return done("rested")
+
+    runner, events = make_runner(store, script)
+    start = trio.current_time()
+    async with runner:
+        await create_raw(store, runner, "t1", work=retry_work("t1", [100]))
+        snapshot = await final(store, "t1")
+    # The replay after the retry finds the sleep due and does not sleep again.
+    assert [round(t - start, 3) for t in woke] == [3.001, 3.101]
+    assert snapshot.steps == {
+        "nap": {"kind": "sleep", "wakeAt": format_instant(START_US + 1000 + 3_000_000)}
+    }
+    assert kinds(store, "t1") == ["sleep_scheduled", "retry_requested", "completed"]
+    assert [md["outcome"] for _, md in events.named(ins.JOB_STOP)] == ["retry", "completed"]
+
+
+async def test_a_long_sleep_suspends_and_any_runner_resumes_it_at_the_wake_instant(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    clock = TrioClock(START_US)
+    store = MemoryStore(scope="shared", clock=clock)
+    runs: list[str] = []
+    woke: list[int] = []
+
+    async def load() -> str:
+        runs.append("load")
+        return "loaded"
+
+    async def script(work: Work, token: ExecutionToken) -> Any:
+        value = await token.step("load", load)
+        await token.sleep("cooldown", 1800)
+        woke.append(clock())
+        return done(value)
+
+    first, first_events = make_runner(store, script, suspend_sleep_after_ms=5_000)
+    async with first:
+        await create_raw(store, first, "t1")
+        await wait_stops(first_events, "t1")
+        assert first.active_task_ids() == []
+        snapshot = await raw_snapshot(store, "t1")
+        assert isinstance(snapshot, Snapshot)
+        wake_at = START_US + 2000 + 1_800_000_000
+        assert (snapshot.task.status, snapshot.retry_count) == (TaskStatus.WORKING, 0)
+        assert (snapshot.suspended_key, snapshot.suspended_until) == ("cooldown", wake_at)
+        assert snapshot.available_at == wake_at
+    assert [md["outcome"] for _, md in first_events.named(ins.JOB_STOP)] == ["suspended"]
+    # Nobody holds it: another runner (recovering) claims it exactly when it is due.
+    second, second_events = make_runner(store, script, recover=True, recovery_interval_ms=500)
+    async with second:
+        snapshot = await final(store, "t1", interval=1.0)
+    assert runs == ["load"]
+    assert len(woke) == 1 and 0 <= woke[0] - wake_at <= 500_000
+    assert snapshot.task.result is not None
+    assert snapshot.retry_count == 0
+    assert (snapshot.suspended_key, snapshot.suspended_until) == (None, None)
+    assert kinds(store, "t1") == ["step_recorded", "sleep_scheduled", "suspended", "completed"]
+    assert [md["source"] for _, md in second_events.named(ins.JOB_STOP)] == ["recovery"]
+
+
+async def test_a_runner_without_recovery_resumes_its_own_suspended_sleep_exactly(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    clock = TrioClock(START_US)
+    store = MemoryStore(scope="shared", clock=clock)
+    woke: list[int] = []
+
+    async def script(work: Work, token: ExecutionToken) -> Any:
+        await token.sleep("cooldown", 60)
+        woke.append(clock())
+        return done("ok")
+
+    runner, events = make_runner(store, script, suspend_sleep_after_ms=1_000)
+    async with runner:
+        await create_raw(store, runner, "t1")
+        snapshot = await final(store, "t1")
+    wake_at = START_US + 1000 + 60_000_000
+    assert woke == [wake_at]
+    assert snapshot.task.status is TaskStatus.COMPLETED
+    assert [md["outcome"] for _, md in events.named(ins.JOB_STOP)] == ["suspended", "completed"]
+
+
+async def test_waiting_for_input_suspends_and_an_answer_resumes_the_task(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    env = await start_env(
+        nursery,
+        task_support={"refund": "optional"},
+        runner_options={"suspend_input_after_ms": 10_000},
+    )
+    runs: list[str] = []
+
+    async def load(order: str) -> dict[str, Any]:
+        runs.append(f"load {order}")
+        return {"order": order, "amount": 30}
+
+    @env.app.tool(name="refund", description="Refund an order")
+    async def refund(ctx: Context, order: str) -> str:
+        invoice = await ctx.step("load", load, order)
+        answer = await ctx.await_input(
+            "confirm",
+            elicitation("Refund?", {"type": "object", "properties": {"ok": {"type": "boolean"}}}),
+        )
+        return f"{invoice['order']} {invoice['amount']} {answer}"
+
+    caps = {"extensions": {"io.modelcontextprotocol/tasks": {}}, "elicitation": {}}
+    task_id = await env.create("refund", {"order": "A-1"}, caps=caps)
+    await env.wait_status(task_id, "input_required", caps=caps)
+    await trio.sleep(10)
+    await wait_stops(env.events, task_id)  # suspended after 10 s: no attempt holds it
+    assert env.runner.active_task_ids() == []
+    snapshot = await env.snapshot(task_id)
+    assert (snapshot.suspended_key, snapshot.suspended_until) == ("confirm", None)
+    assert snapshot.task.status is TaskStatus.INPUT_REQUIRED
+    answer = {"action": "accept", "content": {"ok": True}}
+    await env.result(
+        "tasks/update", {"taskId": task_id, "inputResponses": {"confirm": answer}}, caps=caps
+    )
+    detail = await env.wait_status(task_id, "completed", caps=caps)
+    assert detail["result"]["content"][0]["text"] == (
+        "A-1 30 {'action': 'accept', 'content': {'ok': True}}"
+    )
+    assert runs == ["load A-1"]
+    assert env.history_kinds(task_id) == [
+        "step_recorded",
+        "input_requested",
+        "suspended",
+        "input_responses_accepted",
+        "completed",
+    ]
+    stops = await wait_stops(env.events, task_id, 2)
+    assert [md["outcome"] for md in stops] == ["suspended", "completed"]
