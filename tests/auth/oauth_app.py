@@ -27,6 +27,7 @@ class Probe:
     def __init__(self) -> None:
         self.writes: list[str] = []
         self.contexts: list[Context] = []
+        self.asked = trio.Event()
 
 
 def build_app(probe: Probe, **app_options: Any) -> App:
@@ -59,6 +60,7 @@ def build_app(probe: Probe, **app_options: Any) -> App:
     async def ask(ctx: Context) -> str:
         """Wait for an answer (a task; needs files:write)."""
         probe.contexts.append(ctx)
+        probe.asked.set()
         answer = await ctx.await_input(
             "confirm",
             {
