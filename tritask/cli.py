@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import trio
 
@@ -21,6 +22,7 @@ from tritask.server.app import App
 from tritask.server.extension import ConfigurationError, ServeEnvironment
 
 if TYPE_CHECKING:
+    from tritask.auth import BearerAuth
     from tritask.otel import ConfiguredTelemetry
 
 log = logging.getLogger("tritask.cli")
@@ -176,6 +178,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="export traces and metrics with OpenTelemetry, configured by the standard OTEL_* "
         "variables (OTLP/HTTP to localhost:4318 by default; needs tritask[otel])",
     )
+    oauth = serve.add_argument_group(
+        "OAuth 2.1 (HTTP; needs tritask[oauth])",
+        "Require bearer tokens (JWTs) from an identity provider on every HTTP request; the "
+        "Protected Resource Metadata is served at the well-known URL of --oauth-resource.",
+    )
+    oauth.add_argument("--oauth-issuer", metavar="URL", help="the tokens' iss (exact match)")
+    oauth.add_argument("--oauth-jwks-uri", metavar="URL", help="the issuer's JWKS")
+    oauth.add_argument(
+        "--oauth-resource",
+        metavar="URL",
+        help="this server's canonical URL (https://host/mcp): the audience tokens must carry; "
+        "its host is accepted in Host",
+    )
+    oauth.add_argument(
+        "--oauth-scope",
+        action="append",
+        default=[],
+        metavar="SCOPE",
+        help="a scope every request needs (repeatable)",
+    )
+    oauth.add_argument(
+        "--oauth-authorization-server",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="advertised in the metadata (repeatable; default: the issuer)",
+    )
     serve.add_argument("--log-level", default=os.environ.get("TRITASK_LOG_LEVEL", "INFO"))
     from tritask.migrate import add_migrate_command
 
@@ -250,11 +279,17 @@ async def _serve(app: App, args: argparse.Namespace) -> None:
         allowed_hosts = None
     elif args.allow_host:
         allowed_hosts = (*LOOPBACK_HOSTS, *args.allow_host)
+    auth = _oauth(args)
+    if auth is not None and allowed_hosts is not None:
+        resource_host = urlsplit(auth.resource).hostname
+        if resource_host and resource_host not in allowed_hosts:
+            allowed_hosts = (*allowed_hosts, resource_host)
     options = HttpOptions(
         allowed_hosts=allowed_hosts,
         allowed_origins=tuple(args.allow_origin) or None,
         max_sessions=args.max_sessions,
         session_idle_seconds=args.session_idle,
+        auth=auth,
     )
 
     async def shutdown_trigger() -> None:
@@ -280,6 +315,13 @@ async def _serve(app: App, args: argparse.Namespace) -> None:
             for bind in binds:
                 print(
                     f"tritask: serving Streamable HTTP on {bind}/mcp", file=sys.stderr, flush=True
+                )
+            if auth is not None:
+                print(
+                    f"tritask: OAuth on: resource {auth.resource}, issuer {args.oauth_issuer}, "
+                    f"metadata {auth.resource_metadata_url}",
+                    file=sys.stderr,
+                    flush=True,
                 )
         if args.ws:
             from tritask.transports.websocket import serve_websocket
@@ -308,6 +350,36 @@ async def _serve(app: App, args: argparse.Namespace) -> None:
         with trio.move_on_after(10):
             await trio.sleep(0.05)
         nursery.cancel_scope.deadline = trio.current_time() + 10
+
+
+def _oauth(args: argparse.Namespace) -> BearerAuth | None:
+    """``BearerAuth`` with a ``JWTVerifier`` from the ``--oauth-*`` flags (``None`` without)."""
+    given = {
+        "--oauth-issuer": args.oauth_issuer,
+        "--oauth-jwks-uri": args.oauth_jwks_uri,
+        "--oauth-resource": args.oauth_resource,
+    }
+    if not any(given.values()) and not args.oauth_scope and not args.oauth_authorization_server:
+        return None
+    missing = [flag for flag, value in given.items() if not value]
+    if missing:
+        raise SystemExit(f"tritask: OAuth needs {', '.join(missing)} as well")
+    if args.ws:
+        raise SystemExit(
+            "tritask: --ws cannot be served with OAuth (WebSocket has no bearer-token "
+            "support); serve --http only"
+        )
+    from tritask.auth import BearerAuth, JWTVerifier
+
+    try:
+        return BearerAuth(
+            resource=args.oauth_resource,
+            authorization_servers=args.oauth_authorization_server or [args.oauth_issuer],
+            verifier=JWTVerifier(args.oauth_issuer, args.oauth_jwks_uri),
+            required_scopes=args.oauth_scope,
+        )
+    except (ValueError, TypeError, ImportError) as error:
+        raise SystemExit(f"tritask: OAuth: {error}") from None
 
 
 async def _watch_signals(

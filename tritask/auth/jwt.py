@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import importlib.util
 import json
 import logging
 import time
@@ -91,6 +92,8 @@ class JWTVerifier:
         clock: Callable[[], float] = time.time,
         fetch: Fetch | None = None,
     ) -> None:
+        if importlib.util.find_spec("joserfc") is None:
+            raise ImportError("JWTVerifier needs joserfc: pip install 'tritask[oauth]'")
         if not issuer:
             raise ValueError("JWTVerifier needs an issuer (matched exactly against iss)")
         if not jwks_uri.lower().startswith(("https://", "http://")):
