@@ -140,7 +140,7 @@ from tritask.tasks.store import (
 )
 from tritask.tasks.work import JSONObject, Work, canonical_json, stored_text
 from tritask_sqlite import schema
-from tritask_sqlite._lane import Lane
+from tritask_sqlite._lane import Lane, savepoint
 
 __all__ = ["AuditFinding", "AuditPage", "LedgerEntry", "SqliteStore", "StoreLocked"]
 
@@ -631,7 +631,7 @@ class SqliteStore:
     # -- the thread hop -----------------------------------------------------------------------
 
     async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn(connection)`` in a worker thread, in arrival order (see :mod:`._lane`)."""
+        """Run ``fn(connection)`` alone in a worker thread, in arrival order (see :mod:`._lane`)."""
         self._ensure_open()
         assert self._lane is not None
         return await self._lane.run(fn)
@@ -639,37 +639,27 @@ class SqliteStore:
     async def _transact(
         self, body: Callable[[sqlite3.Connection, int], T], *, write: bool, single: bool = False
     ) -> T:
-        return await self._call(functools.partial(self._transaction, body, write, single))
-
-    def _transaction(
-        self,
-        body: Callable[[sqlite3.Connection, int], T],
-        write: bool,
-        single: bool,
-        conn: sqlite3.Connection,
-    ) -> T:
-        """One transaction in a worker thread: ``body(conn, now)``, then COMMIT or ROLLBACK.
-
-        With ``single`` the body runs exactly one statement, which SQLite runs as its own
-        transaction (autocommit: atomic, and durable before it returns, like any COMMIT);
-        this saves the ``BEGIN``/``COMMIT`` round trips of a blind write.
-        """
+        """``body(conn, now)`` in the lane's group transaction (see :mod:`._lane`): committed
+        with the operations queued beside it, in a savepoint of its own unless ``single``
+        (it runs at most one writing statement, which SQLite undoes alone if it fails)."""
+        self._ensure_open()
+        assert self._lane is not None
         try:
-            schema.rollback(conn)  # never build on what an earlier failure left behind
-            if single:
-                return body(conn, self._read_clock(conn))
-            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-            try:
-                result = body(conn, self._read_clock(conn))
-                conn.execute("COMMIT")
-            except BaseException:
-                schema.rollback(conn)
-                raise
+            return await self._lane.run(
+                functools.partial(self._operation, body),
+                kind="write" if write else "read",
+                atomic=single,
+            )
         except sqlite3.OperationalError as exc:
             if _is_busy(exc):
                 raise DatabaseBusy(f"the database stayed locked by another writer: {exc}") from exc
             raise
-        return result
+
+    def _operation(
+        self, body: Callable[[sqlite3.Connection, int], T], conn: sqlite3.Connection
+    ) -> T:
+        """In the worker thread, inside the batch's transaction: ``body`` at the clock's now."""
+        return body(conn, self._read_clock(conn))
 
     def _read_clock(self, conn: sqlite3.Connection | None = None) -> int:
         if self._clock is not None:
@@ -1215,13 +1205,14 @@ class SqliteStore:
             return await self._transact(body, write=True)
 
         def planned_first(conn: sqlite3.Connection, now: int) -> Transition | Conflict | NotFound:
-            # Outside any transaction: the planned write is one autocommitted statement.
+            # In the batch's transaction: the planned write is one statement (the operation is
+            # ``single``); if it wrote nothing, the full decision runs in a savepoint of its own.
             written = now < planned.lease.expires_at and self._write_planned(
                 conn, planned, event, event_text
             )
             if written:
                 return planned.transition
-            return self._transaction(body, True, False, conn)
+            return savepoint(conn, lambda: body(conn, now))
 
         return await self._transact(planned_first, write=True, single=True)
 
