@@ -32,6 +32,7 @@ from stress.bench.loadgen import (
     run_load,
     summarize,
 )
+from stress.bench.peers import peer_argv
 from stress.bench.raw import raw_limit
 from stress.common import prepared_store_url
 from tritask.server.dispatcher import Dispatcher
@@ -107,11 +108,13 @@ class ServerProcess:
     @classmethod
     @asynccontextmanager
     async def start(
-        cls, kind: str, *options: str, cpu: int | None = None
+        cls, kind: str, *options: str, cpu: int | None = None, argv: list[str] | None = None
     ) -> AsyncIterator[ServerProcess]:
-        argv = [sys.executable, "-m", "stress.bench.servers", kind, *options]
-        if cpu is not None:
-            argv += ["--cpu", str(cpu)]
+        """``python -m stress.bench.servers KIND OPTIONS``, or ``argv`` (a peer's server)."""
+        if argv is None:
+            argv = [sys.executable, "-m", "stress.bench.servers", kind, *options]
+            if cpu is not None:
+                argv += ["--cpu", str(cpu)]
         process = await trio.lowlevel.open_process(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None
         )
@@ -337,7 +340,18 @@ class TasksParams:
     raw: bool = True
     transport: str = "http"
     repeats: int = 3
-    """bench tasks: interleaved rounds of (tritask, raw loop); bench scale runs one each."""
+    memory: bool = True
+    peer: str | None = None
+    """bench tasks: interleaved rounds of (tritask, raw loop, tritask on the memory store, the
+    peer); bench scale runs one each."""
+
+
+#: ``bench tasks`` targets (issue 15): a durable store against the raw per-task-commit loop and
+#: against the memory store of the same run, and against the peer on durable SQLite.
+TASKS_TARGETS: dict[str, dict[str, float]] = {
+    "sqlite": {"raw": 1.0, "memory": 0.8, "peer": 5.0},
+    "postgresql": {"memory": 0.6},
+}
 
 
 NOOP = McpRequest(
@@ -387,63 +401,74 @@ async def _tasks_run(params: TasksParams, url: str) -> dict[str, Any]:
     if os.environ.get("TRITASK_BENCH_PROFILE"):
         options += ["--profile", os.environ["TRITASK_BENCH_PROFILE"]]
     async with _servers(params.processes, options) as servers:
-        ports = [server.port for server in servers]
-        stat_conns = [await HttpConnection.connect("127.0.0.1", port) for port in ports]
-        before = [await _stats(conn) for conn in stat_conns]
-        created: list[str] = []
-        latencies: list[float] = []
-        failures: list[str] = []
-        counter = iter(range(params.tasks))
+        return await _drive_tasks(params, servers)
 
-        async def client(index: int) -> None:
-            conn = await HttpConnection.connect("127.0.0.1", ports[index % len(ports)])
-            try:
-                for _ in counter:
-                    started = time.perf_counter()
-                    status, message = await conn.call(NOOP)
-                    latencies.append(time.perf_counter() - started)
-                    result = message.get("result") or {}
-                    if status == 200 and result.get("resultType") == "task":
-                        created.append(str(result["taskId"]))
-                    elif len(failures) < 5:
-                        failures.append(f"{status} {message.get('error')}")
-            finally:
-                await conn.aclose()
 
-        started = time.perf_counter()
-        client_cpu = time.process_time()
-        async with trio.open_nursery() as nursery:
-            for index in range(params.clients):
-                nursery.start_soon(client, index)
-        created_at = time.perf_counter()
-        deadline = trio.current_time() + max(60.0, params.tasks / 20)
-        while True:
-            now = [await _stats(conn) for conn in stat_conns]
-            done = sum(n["completed"] - b["completed"] for n, b in zip(now, before, strict=True))
-            stops = sum(n["otherStops"] - b["otherStops"] for n, b in zip(now, before, strict=True))
-            if done + stops >= len(created) or trio.current_time() > deadline:
-                break
-            await trio.sleep(0.005)
-        finished = time.perf_counter()
-        client_cpu = time.process_time() - client_cpu
-        server_cpu = sum(
-            n["cpuSeconds"] - b["cpuSeconds"] for n, b in zip(now, before, strict=True)
-        )
-        writes = sum(n["writes"] - b["writes"] for n, b in zip(now, before, strict=True))
-        calls: dict[str, int] = {}
-        for n, b in zip(now, before, strict=True):
-            for name, value in n["calls"].items():
-                calls[name] = calls.get(name, 0) + value - b["calls"].get(name, 0)
-        sample = created[:: max(1, len(created) // 10)][:10]
-        statuses = []
-        for task_id in sample:
-            for conn in stat_conns:
-                status, message = await conn.call(_get(task_id))
-                if status == 200 and "result" in message:
-                    statuses.append(message["result"]["status"])
-                    break
-        for conn in stat_conns:
+async def _peer_run(params: TasksParams) -> dict[str, Any]:
+    """The same load generator against the peer's server (one process)."""
+    assert params.peer is not None
+    argv = peer_argv(params.peer)
+    async with ServerProcess.start("peer", argv=argv) as server:
+        return await _drive_tasks(params, [server])
+
+
+async def _drive_tasks(params: TasksParams, servers: list[ServerProcess]) -> dict[str, Any]:
+    """The clients' side of a tasks run: create, then wait until every task completed."""
+    ports = [server.port for server in servers]
+    stat_conns = [await HttpConnection.connect("127.0.0.1", port) for port in ports]
+    before = [await _stats(conn) for conn in stat_conns]
+    created: list[str] = []
+    latencies: list[float] = []
+    failures: list[str] = []
+    counter = iter(range(params.tasks))
+
+    async def client(index: int) -> None:
+        conn = await HttpConnection.connect("127.0.0.1", ports[index % len(ports)])
+        try:
+            for _ in counter:
+                started = time.perf_counter()
+                status, message = await conn.call(NOOP)
+                latencies.append(time.perf_counter() - started)
+                result = message.get("result") or {}
+                if status == 200 and result.get("resultType") == "task":
+                    created.append(str(result["taskId"]))
+                elif len(failures) < 5:
+                    failures.append(f"{status} {message.get('error')}")
+        finally:
             await conn.aclose()
+
+    started = time.perf_counter()
+    client_cpu = time.process_time()
+    async with trio.open_nursery() as nursery:
+        for index in range(params.clients):
+            nursery.start_soon(client, index)
+    created_at = time.perf_counter()
+    deadline = trio.current_time() + max(60.0, params.tasks / 20)
+    while True:
+        now = [await _stats(conn) for conn in stat_conns]
+        done = sum(n["completed"] - b["completed"] for n, b in zip(now, before, strict=True))
+        stops = sum(n["otherStops"] - b["otherStops"] for n, b in zip(now, before, strict=True))
+        if done + stops >= len(created) or trio.current_time() > deadline:
+            break
+        await trio.sleep(0.005)
+    finished = time.perf_counter()
+    client_cpu = time.process_time() - client_cpu
+    server_cpu = sum(n["cpuSeconds"] - b["cpuSeconds"] for n, b in zip(now, before, strict=True))
+    writes = sum(n["writes"] - b["writes"] for n, b in zip(now, before, strict=True))
+    calls: dict[str, int] = {}
+    for n, b in zip(now, before, strict=True):
+        for name, value in n["calls"].items():
+            calls[name] = calls.get(name, 0) + value - b["calls"].get(name, 0)
+    sample = created[:: max(1, len(created) // 10)][:10]
+    statuses = []
+    for task_id in sample:
+        for conn in stat_conns:
+            status, message = await conn.call(_get(task_id))
+            if status == 200 and "result" in message:
+                statuses.append(message["result"]["status"])
+                break
+    for conn in stat_conns:
+        await conn.aclose()
     return {
         **_task_figures(done, len(created), stops, (started, created_at, finished), latencies),
         **_store_figures(done, writes, calls),
@@ -556,16 +581,23 @@ async def _servers_from(count: int, options: list[str]) -> AsyncIterator[list[Se
 
 
 async def bench_tasks(params: TasksParams) -> dict[str, Any]:
-    """End to end over HTTP vs the store's raw limit, in the same run.
+    """End to end over HTTP vs the store's raw limit and vs the memory store, in the same run.
 
     ``repeats`` rounds, each a tritask run on a fresh store (``sqlite:auto``: a new file per
-    round; an explicit ``sqlite:PATH`` is reused) and then the raw loop on a fresh file or
-    table, interleaved so that both sides see the same drift of the machine (a virtual disk's
-    fsync time moves by a third from one minute to the next). The figures are those of the
-    median round of each side; the ratio is of the two medians.
+    round; an explicit ``sqlite:PATH`` is reused), then the raw loop on a fresh file or table,
+    then (for a durable store) the same benchmark on the memory store, then the peer (``peer``,
+    e.g. ``fastmcp-tasks``) under the same load generator, interleaved so that every side sees
+    the same drift of the machine (a virtual disk's fsync time moves by a third from one minute
+    to the next, and other work on a shared machine comes and goes). The figures are those of
+    the median round of each side; each ratio is of two medians.
     """
     runs: list[dict[str, Any]] = []
     raws: list[dict[str, Any]] = []
+    memories: list[dict[str, Any]] = []
+    peers: list[dict[str, Any]] = []
+    scheme = store_scheme(params.store)
+    durable = scheme in ("sqlite", "postgresql", "postgres")
+    family = "postgresql" if scheme in ("postgresql", "postgres") else scheme
     with tempfile.TemporaryDirectory(prefix="tritask-bench-") as workdir:
         for round_ in range(params.repeats):
             fresh = _fresh_store_url(params.store, workdir, f"bench-{round_}.db")
@@ -584,32 +616,64 @@ async def bench_tasks(params: TasksParams) -> dict[str, Any]:
                     pg_connections=params.pg_connections,
                 )
                 raws.append({**raw, "commitsPerTask": commits})
+            if durable and params.memory:
+                if params.transport == "in-process":
+                    memories.append(await _tasks_in_process(params, "memory:"))
+                else:
+                    memories.append(await _tasks_run(params, "memory:"))
+            if params.peer is not None:
+                peers.append(await _peer_run(params))
     tritask = _median_round(runs)
     baseline = _median_round(raws) if raws else None
-    scheme = store_scheme(params.store)
-    ratio = None
-    if baseline is not None:
-        ratio = round(tritask["tasksPerSecond"] / max(baseline["tasksPerSecond"], 1e-9), 3)
-    durable = scheme in ("sqlite", "postgresql", "postgres")
-    target_met = None
+    memory = _median_round(memories) if memories else None
+    peer = _median_round(peers) if peers else None
+
+    def over(other: dict[str, Any] | None) -> float | None:
+        if other is None:
+            return None
+        return round(tritask["tasksPerSecond"] / max(other["tasksPerSecond"], 1e-9), 3)
+
+    ratio = over(baseline)
+    ratios = {"raw": ratio, "memory": over(memory), "peer": over(peer)}
     ok = all(
         run["completed"] == params.tasks and run["sampleStatuses"] == ["completed"] for run in runs
     )
-    if durable and ratio is not None and params.transport == "http":
-        target_met = ok and ratio >= 0.7  # the target is end to end over HTTP
+    targets: dict[str, Any] = {}
+    for side, wanted in TASKS_TARGETS.get(family, {}).items():
+        got = ratios[side]
+        targets[side] = {
+            "ratio": got,
+            "target": wanted,
+            "met": None if got is None else got >= wanted,
+        }
+    target_met = None
+    if durable and params.transport == "http":  # the targets are end to end over HTTP
+        store_targets = [targets[side] for side in ("raw", "memory") if side in targets]
+        if all(target["met"] is not None for target in store_targets):
+            target_met = ok and all(target["met"] for target in store_targets)
+    descriptions = {
+        "sqlite": "tritask >= 1.0x the raw per-task-commit loop and >= 0.8x the memory store"
+        " (same run); >= 5x fastmcp-tasks (memory://) with --peer fastmcp-tasks",
+        "postgresql": "tritask >= 0.6x the memory store (same run)",
+    }
     return _result(
         "tasks",
         {
             **attrs.asdict(params),
             "store": scheme,
             "executor": "no-op WorkExecutor",
-            "target": "tritask >= 70% of the raw limit (SQLite, PostgreSQL)" if durable else None,
+            "target": descriptions.get(family),
         },
         tritask,
         baseline,
         ratio,
         target_met,
         ok=ok,
+        memory=memory,
+        ratioToMemory=ratios["memory"],
+        peer=peer,
+        ratioToPeer=ratios["peer"],
+        targets=targets,
     )
 
 

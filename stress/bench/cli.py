@@ -75,6 +75,17 @@ def register_bench(commands: Any, common: Callable[[argparse.ArgumentParser], No
         else:
             parser.add_argument("--no-raw", action="store_true", help="skip the raw-limit loop")
             parser.add_argument(
+                "--no-memory",
+                action="store_true",
+                help="skip the memory-store rounds a durable store is compared with",
+            )
+            parser.add_argument(
+                "--peer",
+                choices=["fastmcp-tasks"],
+                default=None,
+                help="also drive this peer (fastmcp-tasks 4.1.4, memory://) in every round",
+            )
+            parser.add_argument(
                 "--repeats",
                 type=_positive,
                 default=3,
@@ -154,7 +165,12 @@ def _handle_tasks(args: argparse.Namespace) -> int:
     from stress.bench.benchmarks import bench_tasks
 
     params = _tasks_params(
-        args, raw=not args.no_raw, transport=args.transport, repeats=args.repeats
+        args,
+        raw=not args.no_raw,
+        transport=args.transport,
+        repeats=args.repeats,
+        memory=not args.no_memory,
+        peer=args.peer,
     )
     return _run(args, lambda: bench_tasks(params))
 
