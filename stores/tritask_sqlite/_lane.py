@@ -7,12 +7,15 @@ the lock) and the next one (it starts its hop). On a busy server that loop turn 
 work of every other runnable task, and it measured longer than the operation itself: the
 store's throughput fell to a fraction of what the database allows.
 
-So a hop drains the queue. The caller that finds the lane idle becomes its *driver*: it runs
-one ``trio.to_thread.run_sync`` call that executes its own operation and then, without going
-back to trio, the operations queued behind it. The driver's wait is bounded: once its own
-operation is done the hop runs at most ``budget`` more, then the driver hands the *baton* to
-the oldest waiting caller, which starts the next hop. No thread is the lane's own: every hop is
-one of trio's worker threads, for blocking database calls only.
+So a hop drains the queue. The caller that finds the lane idle starts a *hop*: one of trio's
+worker threads (``trio.lowlevel.start_thread_soon``, the thread cache ``trio.to_thread`` uses)
+that takes the queued operations one after the other without going back to trio, and wakes
+their callers through ``TrioToken.run_sync_soon``. When the queue is empty it waits up to
+``linger`` seconds for the next operation (a blocked thread, no CPU) before the lane goes idle,
+so a busy loop's callers never wait for a new hop: the loop turn between two operations,
+which on a busy server is every other runnable task's work, no longer leaves the connection
+idle. No thread is the lane's own: a hop is one of trio's worker threads, for blocking database
+calls only, and an idle lane holds none.
 
 **Group commit.** Operations declared ``kind="write"`` or ``"read"`` run in *batches*: one
 transaction (``BEGIN IMMEDIATE`` when the batch writes, a deferred ``BEGIN`` for a batch of
@@ -37,7 +40,7 @@ queue (at most ``max_batch``), then one ``COMMIT``: one fsync for all of them. T
 manages its own transaction (or autocommits).
 
 Cancellation is what it was with a lock: a queued operation is withdrawn unrun; a running one
-gets ``Connection.interrupt()`` and its caller waits for the thread to come back, then raises
+gets ``Connection.interrupt()`` and its caller waits (shielded) for its outcome, then raises
 ``Cancelled`` unless the operation had succeeded (then it returns the result once it is
 committed: trio's rule is that ``Cancelled`` means it did not happen). An operation of a batch
 that has run and waits for the ``COMMIT`` is not interrupted: its cancelled caller waits
@@ -53,7 +56,9 @@ statements, within microseconds for a long one).
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
+import functools
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
@@ -67,8 +72,8 @@ __all__ = ["Kind", "Lane", "savepoint"]
 
 T = TypeVar("T")
 
-#: Operations a hop may run after its driver's own, before it hands the baton on.
-DEFAULT_BUDGET: Final = 16
+#: Seconds a hop thread waits for more work before the lane goes idle.
+DEFAULT_LINGER: Final = 0.005
 #: Operations at most in one batch (one transaction, one commit).
 DEFAULT_MAX_BATCH: Final = 64
 #: SQLite virtual-machine steps between two checks of the running operation's interrupt.
@@ -87,7 +92,6 @@ class _Op:
     state: _State = "queued"
     result: outcome.Outcome[Any] | None = None
     interrupted: bool = False
-    baton: bool = False
     wake: trio.Event = attrs.field(factory=trio.Event)
 
     def done(self) -> bool:
@@ -113,27 +117,27 @@ def savepoint(conn: sqlite3.Connection, fn: Callable[[], T]) -> T:
 
 
 class Lane:
-    """Runs ``fn(connection)`` calls one at a time, in arrival order, in trio worker threads;
+    """Runs ``fn(connection)`` calls one at a time, in arrival order, in a trio worker thread;
     consecutive ``write``/``read`` operations share one transaction and one commit."""
 
     def __init__(
         self,
         conn: sqlite3.Connection,
         *,
-        budget: int = DEFAULT_BUDGET,
         max_batch: int = DEFAULT_MAX_BATCH,
+        linger: float = DEFAULT_LINGER,
     ) -> None:
-        if budget < 0:
-            raise ValueError("budget must be >= 0")
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
+        if linger < 0:
+            raise ValueError("linger must be >= 0")
         self._conn = conn
-        self._budget = budget
         self._max_batch = max_batch
-        self._mutex = threading.Lock()  # guards _queue, _busy, _stop and every _Op.state
+        self._linger = linger
+        self._mutex = threading.Lock()  # guards _queue, _hopping, _idle and every _Op.state
+        self._arrived = threading.Condition(self._mutex)
         self._queue: collections.deque[_Op] = collections.deque()
-        self._busy = False  # a hop runs, or the baton is on its way to the next driver
-        self._stop = False  # the driver was cancelled: end the hop after the current op
+        self._hopping = False  # a hop thread runs (it takes what is queued)
         self._idle = trio.Event()
         self._idle.set()
         self._running: _Op | None = None
@@ -163,19 +167,19 @@ class Lane:
         op = _Op(fn, kind, atomic)
         with self._mutex:
             self._queue.append(op)
-            if not self._busy:
-                self._busy = True
+            start = not self._hopping
+            if start:
+                self._hopping = True
                 self._idle = trio.Event()
-                op.baton = True
+            else:
+                self._arrived.notify()
+        if start:
+            token = trio.lowlevel.current_trio_token()
+            trio.lowlevel.start_thread_soon(
+                functools.partial(self._hop, token), functools.partial(_hop_ended, token)
+            )
         try:
-            while not op.done():
-                if op.baton:
-                    op.baton = False
-                    await self._drive(op)
-                    continue
-                wake = op.wake = trio.Event()
-                if not op.done() and not op.baton:
-                    await wake.wait()
+            await op.wake.wait()
         except BaseException as exc:
             return cast(T, await self._abandon(op, exc))
         assert op.result is not None
@@ -186,70 +190,20 @@ class Lane:
     async def _abandon(self, op: _Op, exc: BaseException) -> Any:
         """The caller was interrupted (``Cancelled``, or anything else) while waiting."""
         state = self._stop_op(op)
-        if state == "queued" and op.baton:  # handed the baton but never used it
-            self._pass_baton()
         if state in ("queued", "withdrawn") or not isinstance(exc, trio.Cancelled):
             raise exc  # anything but Cancelled (e.g. KeyboardInterrupt) is never swallowed
         with trio.CancelScope(shield=True):
-            while not op.done():
-                wake = op.wake = trio.Event()
-                if not op.done():
-                    await wake.wait()
+            await op.wake.wait()
         assert op.result is not None
         if op.interrupted and isinstance(op.result, outcome.Error):
             raise exc  # it did not happen: what interrupted the caller stands
         return op.result.unwrap()
 
-    async def _drive(self, op: _Op) -> None:
-        """Run one hop (``op`` first), then pass the baton on or mark the lane idle.
-
-        No sibling task watches for the driver's cancellation: the hop is started with
-        ``abandon_on_cancel=True`` and a ``_HopWatch`` as its limiter, so a cancelled driver
-        hears of it at once, stops the hop after the current operation (interrupting its own),
-        and waits, shielded, until trio reports the thread done.
-        """
-        token = trio.lowlevel.current_trio_token()
-        with self._mutex:
-            self._stop = False
-        watch = _HopWatch()
-        failure: BaseException | None = None
-        try:
-            await trio.to_thread.run_sync(
-                self._hop,
-                op,
-                token,
-                # A CapacityLimiter-like object, as trio.to_thread.run_sync documents.
-                limiter=cast(trio.CapacityLimiter, watch),
-                abandon_on_cancel=True,
-            )
-        except BaseException as exc:  # Cancelled, or no thread could run the hop at all
-            failure = exc
-            self._stop_op(op, end_hop=True)
-            if watch.started:
-                # The thread holds the connection until trio reports it done: the baton must
-                # not move before that, even if something (KeyboardInterrupt) lands meanwhile.
-                with trio.CancelScope(shield=True):
-                    while not watch.finished:
-                        try:
-                            await watch.wait_finished()
-                        except BaseException as late:
-                            failure = late
-        finally:
-            self._pass_baton()
-        if op.state == "withdrawn":
-            assert failure is not None
-            raise failure
-        if failure is not None and not isinstance(failure, trio.Cancelled):
-            raise failure
-
-    def _stop_op(self, op: _Op, *, end_hop: bool = False) -> _State:
+    def _stop_op(self, op: _Op) -> _State:
         """Its caller gave up: withdraw ``op`` if still queued, interrupt it if running (decided
         under the mutex, so an interrupt never reaches another operation). An operation that
-        ran and waits for its batch's commit is left to commit. ``end_hop`` also ends the
-        running hop after the current operation. Returns the state it found."""
+        ran and waits for its batch's commit is left to commit. Returns the state it found."""
         with self._mutex:
-            if end_hop:
-                self._stop = True
             state = op.state
             if state == "queued":
                 self._queue.remove(op)
@@ -259,58 +213,61 @@ class Lane:
                 self._conn.interrupt()
         return state
 
-    def _pass_baton(self) -> None:
-        """Give the lane to the oldest queued caller, or mark it idle (trio thread only)."""
-        with self._mutex:
-            nxt = self._queue[0] if self._queue else None
-            if nxt is None:
-                self._busy = False
-            else:
-                nxt.baton = True
-        if nxt is None:
-            self._idle.set()
-        else:
-            nxt.wake.set()
-
     # -- in the worker thread -------------------------------------------------------------------
 
-    def _hop(self, driver: _Op, token: trio.lowlevel.TrioToken) -> None:
-        """In a worker thread: the driver's op (with its batch), then up to ``budget`` more."""
-        after = 0
-        while True:
-            with self._mutex:
-                if not self._queue:
-                    break
-                driver_done = driver.state in ("done", "withdrawn")
-                if driver_done and (self._stop or after >= self._budget):
-                    break
-                head = self._queue.popleft()
-                head.state = "running"
-                self._running = head
-            limit = self._max_batch
-            if driver_done:
-                limit = min(limit, self._budget - after)
-            if head.kind == "alone":
-                result = _capture(head.fn, self._conn)
+    def _hop(self, token: trio.lowlevel.TrioToken) -> None:
+        """In a worker thread: what is queued, batch after batch; then, once nothing has
+        arrived for ``linger`` seconds, the lane is idle and the thread goes back to trio."""
+        try:
+            while True:
                 with self._mutex:
-                    head.result = result
-                    head.state = "done"
-                    self._running = None
-                finished = [head]
-            else:
-                finished = self._batch(head, limit)
-            self.operations += len(finished)
-            if driver_done:
-                after += len(finished)
-            woken = [op for op in finished if op is not driver]
-            if woken:
-                token.run_sync_soon(_wake_all, woken)
+                    if not self._queue:
+                        self._arrived.wait(self._linger)
+                    if not self._queue:
+                        self._hopping = False
+                        idle = self._idle
+                        break
+                    head = self._queue.popleft()
+                    head.state = "running"
+                    self._running = head
+                if head.kind == "alone":
+                    result = _capture(head.fn, self._conn)
+                    with self._mutex:
+                        head.result = result
+                        head.state = "done"
+                        self._running = None
+                    finished = [head]
+                else:
+                    finished = self._batch(head, self._max_batch)
+                self.operations += len(finished)
+                _deliver(token, _wake_all, finished)
+        except BaseException as exc:  # pragma: no cover - a bug in the lane itself
+            idle = self._fail_all(token, exc)
         self.hops += 1
+        _deliver(token, idle.set)
+
+    def _fail_all(self, token: trio.lowlevel.TrioToken, exc: BaseException) -> trio.Event:
+        """The hop itself failed: every operation it holds or that is queued gets the error
+        (nobody waits forever), and the lane is idle again."""
+        with self._mutex:
+            stranded = [op for op in self._queue]
+            self._queue.clear()
+            running = self._running
+            self._running = None
+            if running is not None and running.state != "done":
+                stranded.append(running)
+            for op in stranded:
+                op.result = outcome.Error(copy.copy(exc))
+                op.state = "done"
+            self._hopping = False
+            idle = self._idle
+        _deliver(token, _wake_all, stranded)
+        return idle
 
     def _take(self, write: bool, taken: int, limit: int) -> _Op | None:
         """The next queued operation that may join the open batch, marked running."""
         with self._mutex:
-            if self._stop or taken >= limit or not self._queue:
+            if taken >= limit or not self._queue:
                 return None
             op = self._queue[0]
             if op.kind == "alone" or (op.kind == "write" and not write):
@@ -441,35 +398,6 @@ class Lane:
         return 1 if running is not None and running.interrupted else 0
 
 
-class _HopWatch:
-    """A hop's ``trio.to_thread.run_sync`` limiter that limits nothing, only observes.
-
-    The lane already lets one hop run at a time. ``acquire_on_behalf_of`` runs just before trio
-    hands the hop to a worker thread; ``release_on_behalf_of`` runs in the trio thread once that
-    thread is done, also after its caller stopped waiting (``abandon_on_cancel``).
-    """
-
-    __slots__ = ("_done", "finished", "started")
-
-    def __init__(self) -> None:
-        self.started = False
-        self.finished = False
-        self._done: trio.Event | None = None
-
-    async def acquire_on_behalf_of(self, borrower: object) -> None:
-        self.started = True  # no checkpoint: to_thread has just checked for cancellation
-
-    def release_on_behalf_of(self, borrower: object) -> None:
-        self.finished = True
-        if self._done is not None:
-            self._done.set()
-
-    async def wait_finished(self) -> None:
-        if not self.finished:
-            self._done = trio.Event()
-            await self._done.wait()
-
-
 def _execute(conn: sqlite3.Connection, sql: str) -> None:
     conn.execute(sql)
 
@@ -492,3 +420,13 @@ def _own_error(failure: outcome.Outcome[Any] | None) -> outcome.Outcome[Any]:
 def _wake_all(ops: list[_Op]) -> None:
     for op in ops:
         op.wake.set()
+
+
+def _deliver(token: trio.lowlevel.TrioToken, fn: Callable[..., object], *args: Any) -> None:
+    """Run ``fn(*args)`` in the trio thread soon (nothing to do once trio's run has ended)."""
+    with contextlib.suppress(trio.RunFinishedError):  # the run ended under a lingering hop
+        token.run_sync_soon(fn, *args)
+
+
+def _hop_ended(token: trio.lowlevel.TrioToken, result: outcome.Outcome[None]) -> None:
+    """``start_thread_soon``'s delivery, in the hop thread: ``_hop`` never raises."""

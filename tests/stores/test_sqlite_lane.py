@@ -12,6 +12,7 @@ import sqlite3
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -20,6 +21,21 @@ from tritask_sqlite._lane import Lane
 
 ENDLESS = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT count(*) FROM n"
 GUARD = 30  # seconds: a hang fails the test instead of blocking the run
+
+
+_TOKEN: list[trio.lowlevel.TrioToken] = []
+
+
+def new_lane(conn: sqlite3.Connection, **options: Any) -> Lane:
+    """A lane, and the test's trio token for :func:`in_trio` (hop threads are trio's worker
+    threads, but not ``trio.to_thread``'s, so they need the token to call back)."""
+    _TOKEN[:] = [trio.lowlevel.current_trio_token()]
+    return Lane(conn, **options)
+
+
+def in_trio(fn: Callable[[], object]) -> None:
+    """From a hop thread: run ``fn`` in the trio thread and wait for it."""
+    trio.from_thread.run_sync(fn, trio_token=_TOKEN[0])
 
 
 @pytest.fixture
@@ -64,7 +80,7 @@ async def start_in_order(nursery: trio.Nursery, *callers: Callable[[], Awaitable
 
 
 async def test_one_hop_drains_the_callers_queued_behind_it(conn: sqlite3.Connection) -> None:
-    lane = Lane(conn, budget=16)
+    lane = new_lane(conn)
     ran: list[int] = []
     results: dict[int, int] = {}
     release = threading.Event()
@@ -83,34 +99,34 @@ async def test_one_hop_drains_the_callers_queued_behind_it(conn: sqlite3.Connect
             release.set()
     assert ran == [0, 1, 2, 3, 4, 5]
     assert results == {0: 0, 1: 10, 2: 20, 3: 30, 4: 40, 5: 50}
+    await lane.wait_idle()
     assert (lane.hops, lane.operations) == (1, 6)
     assert [row[0] for row in conn.execute("SELECT n FROM log")] == [0, 1, 2, 3, 4, 5]
 
 
-async def test_the_budget_bounds_the_driver_then_the_baton_moves_on(
+async def test_a_hop_lingers_for_the_next_operation_then_the_lane_goes_idle(
     conn: sqlite3.Connection,
 ) -> None:
-    lane = Lane(conn, budget=2)
     ran: list[int] = []
-    release = threading.Event()
     with trio.fail_after(GUARD):
-        async with trio.open_nursery() as nursery:
-            await start_in_order(
-                nursery,
-                functools.partial(lane.run, gate(ran, 0, release)),
-                *(functools.partial(lane.run, op(ran, n)) for n in range(1, 7)),
-            )
-            release.set()
-    # hop 1: the driver's op and 2 more; hop 2 (driven by op 3's caller): 3 and 2 more; hop 3: 6
-    assert ran == [0, 1, 2, 3, 4, 5, 6]
-    assert (lane.hops, lane.operations) == (3, 7)
-    await trio.testing.wait_all_tasks_blocked()
-    assert await lane.run(op(ran, 7)) == 70
-    assert lane.hops == 4
+        lingering = new_lane(conn, linger=0.5)
+        assert await lingering.run(op(ran, 1)) == 10
+        assert await lingering.run(op(ran, 2)) == 20  # taken by the same, waiting, hop
+        assert not lingering._idle.is_set()
+        await lingering.wait_idle()
+        assert (lingering.hops, lingering.operations) == (1, 2)
+
+        prompt = new_lane(conn, linger=0)
+        assert await prompt.run(op(ran, 3)) == 30
+        await prompt.wait_idle()
+        assert await prompt.run(op(ran, 4)) == 40
+        await prompt.wait_idle()
+        assert (prompt.hops, prompt.operations) == (2, 2)
+    assert ran == [1, 2, 3, 4]
 
 
 async def test_a_cancelled_queued_operation_never_runs(conn: sqlite3.Connection) -> None:
-    lane = Lane(conn)
+    lane = new_lane(conn)
     ran: list[int] = []
     release = threading.Event()
     scope = trio.CancelScope()
@@ -140,7 +156,7 @@ async def test_a_cancelled_queued_operation_never_runs(conn: sqlite3.Connection)
 
 async def test_cancelling_a_running_operation_interrupts_it(conn: sqlite3.Connection) -> None:
     """Operation 1 runs in the hop driven by operation 0's caller; its own caller is cancelled."""
-    lane = Lane(conn)
+    lane = new_lane(conn)
     ran: list[int] = []
     release = threading.Event()
     started = trio.Event()
@@ -149,7 +165,7 @@ async def test_cancelling_a_running_operation_interrupts_it(conn: sqlite3.Connec
     def endless(conn: sqlite3.Connection) -> object:
         conn.execute("BEGIN")
         conn.execute("INSERT INTO log VALUES (1)")
-        trio.from_thread.run_sync(started.set)
+        in_trio(started.set)
         try:
             return conn.execute(ENDLESS).fetchone()
         finally:
@@ -176,17 +192,17 @@ async def test_cancelling_a_running_operation_interrupts_it(conn: sqlite3.Connec
     assert not conn.in_transaction
 
 
-async def test_a_cancelled_driver_interrupts_its_own_operation_and_passes_the_baton(
+async def test_cancelling_the_first_caller_interrupts_its_operation_and_the_queue_goes_on(
     conn: sqlite3.Connection,
 ) -> None:
-    lane = Lane(conn)
+    lane = new_lane(conn)
     ran: list[int] = []
     started = trio.Event()
     scope = trio.CancelScope()
     results: list[int] = []
 
     def endless(conn: sqlite3.Connection) -> object:
-        trio.from_thread.run_sync(started.set)
+        in_trio(started.set)
         return conn.execute(ENDLESS).fetchone()
 
     async def driver() -> None:
@@ -205,20 +221,19 @@ async def test_a_cancelled_driver_interrupts_its_own_operation_and_passes_the_ba
             scope.cancel()
     assert ran == [1, 2]
     assert sorted(results) == [10, 20]
-    assert lane.hops == 2  # the cancelled driver's hop stopped after its own op
 
 
 async def test_an_operation_that_committed_before_the_cancel_returns_its_result(
     conn: sqlite3.Connection,
 ) -> None:
-    lane = Lane(conn)
+    lane = new_lane(conn)
     scope = trio.CancelScope()
     written = trio.Event()
     proceed = threading.Event()
 
     def commit_then_report(conn: sqlite3.Connection) -> str:
         conn.execute("INSERT INTO log VALUES (7)")  # autocommit: durable on return
-        trio.from_thread.run_sync(written.set)
+        in_trio(written.set)
         if not proceed.wait(GUARD):
             raise TimeoutError("the test never let the operation finish")
         return "done"
@@ -240,7 +255,7 @@ async def test_an_operation_that_committed_before_the_cancel_returns_its_result(
 
 
 async def test_errors_reach_their_caller_and_the_lane_goes_on(conn: sqlite3.Connection) -> None:
-    lane = Lane(conn)
+    lane = new_lane(conn)
 
     def broken(conn: sqlite3.Connection) -> None:
         conn.execute("INSERT INTO missing_table VALUES (1)")
@@ -252,7 +267,7 @@ async def test_errors_reach_their_caller_and_the_lane_goes_on(conn: sqlite3.Conn
 
 
 async def test_wait_idle_waits_for_queued_work(conn: sqlite3.Connection) -> None:
-    lane = Lane(conn)
+    lane = new_lane(conn)
     ran: list[int] = []
     release = threading.Event()
     idle = trio.Event()
@@ -276,7 +291,7 @@ async def test_wait_idle_waits_for_queued_work(conn: sqlite3.Connection) -> None
 
 
 async def test_an_already_cancelled_caller_runs_nothing(conn: sqlite3.Connection) -> None:
-    lane = Lane(conn)
+    lane = new_lane(conn)
     ran: list[int] = []
     with trio.CancelScope() as scope:
         scope.cancel()
@@ -326,7 +341,7 @@ async def test_queued_writes_commit_together_and_callers_wake_only_after_the_com
     db: tuple[sqlite3.Connection, Path],
 ) -> None:
     conn, path = db
-    lane = Lane(conn)
+    lane = new_lane(conn)
     ran: list[int] = []
     results: dict[int, int] = {}
     visible_on_return: dict[int, list[int]] = {}
@@ -336,7 +351,7 @@ async def test_queued_writes_commit_together_and_callers_wake_only_after_the_com
     def last(conn: sqlite3.Connection) -> int:
         """The batch's last operation: it holds the batch open until the test releases it."""
         conn.execute("INSERT INTO log VALUES (5)")
-        trio.from_thread.run_sync(holding.set)
+        in_trio(holding.set)
         if not release.wait(GUARD):
             raise TimeoutError("the test never released the batch")
         return 50
@@ -367,6 +382,7 @@ async def test_queued_writes_commit_together_and_callers_wake_only_after_the_com
                 release.set()
         assert results == {0: 0, 1: 10, 2: 20, 3: 30, 4: 40, 5: 50}
         assert all(seen == [0, 1, 2, 3, 4, 5] for seen in visible_on_return.values())
+        await lane.wait_idle()
         assert (lane.hops, lane.operations, lane.commits, lane.replays) == (1, 6, 1, 0)
     finally:
         other.close()
@@ -376,7 +392,7 @@ async def test_a_failing_operation_fails_alone_and_the_others_commit(
     db: tuple[sqlite3.Connection, Path],
 ) -> None:
     conn, path = db
-    lane = Lane(conn)
+    lane = new_lane(conn)
     ran: list[int] = []
     results: dict[int, object] = {}
     release = threading.Event()
@@ -417,12 +433,12 @@ async def test_a_failing_operation_fails_alone_and_the_others_commit(
 async def test_a_failed_commit_fails_every_operation_of_the_batch(
     db: tuple[sqlite3.Connection, Path],
 ) -> None:
-    conn, path = db
+    conn, _ = db
     conn.execute("PRAGMA foreign_keys = ON")
     conn.execute(
         "CREATE TABLE child (parent INTEGER REFERENCES log (n) DEFERRABLE INITIALLY DEFERRED)"
     )
-    lane = Lane(conn)
+    lane = new_lane(conn)
     ran: list[int] = []
     results: dict[int, object] = {}
     release = threading.Event()
@@ -457,8 +473,8 @@ async def test_a_failed_commit_fails_every_operation_of_the_batch(
 async def test_a_cancelled_caller_whose_operation_ran_still_gets_its_commit(
     db: tuple[sqlite3.Connection, Path],
 ) -> None:
-    conn, path = db
-    lane = Lane(conn)
+    conn, _ = db
+    lane = new_lane(conn)
     ran: list[int] = []
     release = threading.Event()
     holding = trio.Event()
@@ -467,7 +483,7 @@ async def test_a_cancelled_caller_whose_operation_ran_still_gets_its_commit(
 
     def last(conn: sqlite3.Connection) -> int:
         conn.execute("INSERT INTO log VALUES (9)")
-        trio.from_thread.run_sync(holding.set)
+        in_trio(holding.set)
         if not release.wait(GUARD):
             raise TimeoutError("the test never released the batch")
         return 90
@@ -501,7 +517,7 @@ async def test_a_cancelled_queued_caller_leaves_the_batch_unrun(
     db: tuple[sqlite3.Connection, Path],
 ) -> None:
     conn, _ = db
-    lane = Lane(conn)
+    lane = new_lane(conn)
     ran: list[int] = []
     release = threading.Event()
     scope = trio.CancelScope()
@@ -533,7 +549,7 @@ async def test_interrupting_a_running_write_runs_the_rest_of_its_batch_again(
     """An interrupted INSERT makes SQLite roll back the whole transaction: the operations that
     had run in it are run again (nobody had heard of them), the interrupted one fails alone."""
     conn, _ = db
-    lane = Lane(conn)
+    lane = new_lane(conn)
     ran: list[int] = []
     results: dict[int, object] = {}
     started = trio.Event()
@@ -541,7 +557,7 @@ async def test_interrupting_a_running_write_runs_the_rest_of_its_batch_again(
     release = threading.Event()
 
     def endless_insert(conn: sqlite3.Connection) -> object:
-        trio.from_thread.run_sync(started.set)
+        in_trio(started.set)
         conn.execute(
             "INSERT INTO log SELECT i + 1000 FROM"
             " (WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT i FROM n)"
@@ -582,7 +598,7 @@ async def test_a_batch_of_reads_does_not_take_the_write_lock(
     writer = sqlite3.connect(path, isolation_level=None, timeout=0)
     try:
         writer.execute("BEGIN IMMEDIATE")  # another process's writer holds the lock
-        count = await lane_read(Lane(conn))
+        count = await lane_read(new_lane(conn))
         assert count == 1
         writer.execute("ROLLBACK")
     finally:
@@ -602,7 +618,7 @@ async def test_reads_join_a_write_batch_and_see_its_earlier_writes(
     db: tuple[sqlite3.Connection, Path],
 ) -> None:
     conn, _ = db
-    lane = Lane(conn)
+    lane = new_lane(conn)
     ran: list[int] = []
     release = threading.Event()
     counts: list[int] = []
@@ -625,7 +641,7 @@ async def test_reads_join_a_write_batch_and_see_its_earlier_writes(
 
 async def test_max_batch_bounds_a_transaction(db: tuple[sqlite3.Connection, Path]) -> None:
     conn, _ = db
-    lane = Lane(conn, max_batch=2)
+    lane = new_lane(conn, max_batch=2)
     ran: list[int] = []
     release = threading.Event()
     with trio.fail_after(GUARD):
