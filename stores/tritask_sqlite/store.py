@@ -2,24 +2,25 @@
 
 How it works, and why:
 
-* **One connection, operations in arrival order.** Every operation is one whole transaction
-  run on the store's connection in one of trio's worker threads (no thread of the store's own:
+* **One connection, operations in arrival order, committed in groups.** Every operation runs
+  on the store's connection in one of trio's worker threads (no thread of the store's own:
   threads are trio's, for blocking database calls only). Operations queue on a
-  :class:`~tritask_sqlite._lane.Lane`: the caller that finds it idle runs a
-  ``trio.to_thread.run_sync`` hop that executes its operation and then the ones queued behind
-  it, each its own transaction, committed before its caller is woken, so the connection never
-  waits for the trio loop between two operations. A trio cancellation while queued leaves the
-  operation unrun; while it runs, ``Connection.interrupt()`` (and a progress handler, for the
-  statements after it) aborts it, the caller waits for the thread (the transaction is rolled
-  back), then raises ``Cancelled``; the connection stays usable. An operation that committed
-  before the interrupt landed returns its result instead (trio's rule: ``Cancelled`` means it
-  did not happen).
-* **``BEGIN IMMEDIATE`` for every write that reads.** The write reservation is taken before the
-  row or the clock is read, so every decision is made on the latest committed state and a
-  read→write upgrade can never fail with ``SQLITE_BUSY`` outside ``busy_timeout``. Creating a
-  task without limits decides nothing on stored state: it is one ``INSERT`` run as its own
-  (autocommit, equally durable) transaction, an existing id failing its primary key. Reads
-  use deferred transactions so WAL readers in other processes proceed in parallel.
+  :class:`~tritask_sqlite._lane.Lane`: the caller that finds it idle starts a hop that takes
+  the queued operations one after the other, so the connection never waits for the trio loop
+  between two operations, and the operations queued behind each other share one transaction
+  and one commit (group commit: a savepoint for each operation that runs several writing
+  statements, so a failing one fails alone; every caller woken only after the commit that
+  contains its operation). A trio cancellation while queued leaves the operation unrun; while
+  it runs, ``Connection.interrupt()`` (and a progress handler, for the statements after it)
+  aborts it and the caller raises ``Cancelled``; the connection stays usable. An operation
+  that has run and waits for its batch's commit is committed, and its cancelled caller gets
+  the result (trio's rule: ``Cancelled`` means it did not happen).
+* **``BEGIN IMMEDIATE`` for every batch that writes.** The write reservation is taken before
+  any row or the clock is read, so every decision is made on the latest committed state (and
+  on the earlier operations of the same batch) and a read→write upgrade can never fail with
+  ``SQLITE_BUSY`` outside ``busy_timeout``. Creating a task without limits decides nothing on
+  stored state: it is one ``INSERT``, an existing id failing its primary key. Batches of reads
+  only use deferred transactions so WAL readers in other processes proceed in parallel.
   ``SQLITE_BUSY`` after the timeout is :class:`~tritask.tasks.store.DatabaseBusy` (safe to
   retry).
 * **Stored time.** Production reads, inside the transaction, the clock SQLite's own ``'now'``
@@ -44,10 +45,10 @@ How it works, and why:
   a ``settle`` with that lease before queueing it: the reducer, the record and effects JSON and
   the commit time (the store's clock, read just before the write reservation) are computed
   outside the serialised section. In the lane, after the lease was checked against the live
-  clock, one autocommitted statement writes the plan: an ``INSERT`` into a TEMP view whose
-  ``INSTEAD OF`` trigger writes the ledger entry and the row, both only if the row still equals
-  the remembered one in every column (the record byte for byte) and the event id is new. If it
-  wrote nothing, a transaction decides from the decoded row.
+  clock, one statement writes the plan: an ``INSERT`` into a TEMP view whose ``INSTEAD OF``
+  trigger writes the ledger entry and the row, both only if the row still equals the
+  remembered one in every column (the record byte for byte) and the event id is new. If it
+  wrote nothing, the full decision runs from the decoded row, in a savepoint.
 * **Processes and boot epochs.** Every opener takes an ``flock`` on ``PATH.lock`` for the
   store's life: shared by default (several processes on one host may share the file),
   exclusive with ``exclusive=True``. An exclusive opener advances the persisted boot epoch;
@@ -162,13 +163,13 @@ _INSERT_EVENT = (
     " event_revision, committed_at_us, effects) VALUES (?, ?, ?, ?, ?, ?, ?)"
 )
 _OLD_COLUMNS = [name.strip() for name in _COLUMNS.split(",")[1:]]
-#: The planned settle as one statement: SQLite runs it as its own transaction (one commit, one
-#: hand-over of the GIL in the worker thread instead of four; under load every hand-over
-#: waits for the trio thread). It inserts into a view whose ``INSTEAD OF`` trigger writes the
-#: ledger entry, then the row, both only if the row is still exactly the planned-on one (every
-#: column, the record byte for byte) and the event id is new. The view and trigger are TEMP:
-#: they belong to the connection, not to the file's schema (a TEMP trigger may write tables of
-#: the main database).
+#: The planned settle as one statement (one hand-over of the GIL in the worker thread instead of
+#: several; under load every hand-over waits for the trio thread), so it needs no savepoint in
+#: its batch: a failed statement is undone alone. It inserts into a view whose ``INSTEAD OF``
+#: trigger writes the ledger entry, then the row, both only if the row is still exactly the
+#: planned-on one (every column, the record byte for byte) and the event id is new. The view
+#: and trigger are TEMP: they belong to the connection, not to the file's schema (a TEMP
+#: trigger may write tables of the main database).
 _PLANNED_SETTLE_DDL = (
     "CREATE TEMP VIEW tritask_planned_settles AS SELECT"
     " NULL AS task_id, NULL AS record_version, NULL AS record, NULL AS revision,"

@@ -631,7 +631,8 @@ async def bench_tasks(params: TasksParams) -> dict[str, Any]:
     def over(other: dict[str, Any] | None) -> float | None:
         if other is None:
             return None
-        return round(tritask["tasksPerSecond"] / max(other["tasksPerSecond"], 1e-9), 3)
+        ours, theirs = float(tritask["tasksPerSecond"]), float(other["tasksPerSecond"])
+        return round(ours / max(theirs, 1e-9), 3)
 
     ratio = over(baseline)
     ratios = {"raw": ratio, "memory": over(memory), "peer": over(peer)}
