@@ -116,6 +116,8 @@ from tritask.client.model import (
 from tritask.client.model import (
     ToolResult as ToolResult,
 )
+from tritask.client.oauth import ClientCredentials as ClientCredentials
+from tritask.client.oauth import OAuthError as OAuthError
 from tritask.client.tasks import TaskHandle as TaskHandle
 from tritask.client.tasks import ToolCall as ToolCall
 from tritask.client.transport import Exchange as Exchange

@@ -9,7 +9,8 @@ is never sent twice.
 Authorization: before each request the hook is called with ``None`` and may return a header
 value (``"Bearer …"``) or ``None``; on a 401, or a 403 carrying ``WWW-Authenticate``, it is
 called again with the challenge and, if it returns a different value, the request is sent once
-more. Token acquisition (OAuth flows) stays the application's business.
+more. :class:`tritask.client.oauth.ClientCredentials` is such a hook for the client-credentials
+grant (discovery from the challenge, step-up on 403).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ class AuthChallenge:
     http_status: int
     www_authenticate: str | None
     body: str
+    url: str | None = None
+    """The endpoint that refused (to find its metadata when the challenge names none)."""
 
 
 Authorizer: TypeAlias = Callable[[AuthChallenge | None], Awaitable[str | None]]
@@ -142,7 +145,7 @@ class HttpTransport(Transport):
         finally:
             await response.aclose()
         challenge = AuthChallenge(
-            response.status_code, response.headers.get("www-authenticate"), text
+            response.status_code, response.headers.get("www-authenticate"), text, self.url
         )
         renewed = await self.authorizer(challenge)
         if renewed is None or renewed == credential:

@@ -1,0 +1,118 @@
+"""The tritask client with OAuth: a static bearer token, the client-credentials grant found
+from the server's 401, and a 403 step-up."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.auth.oauth_app import Probe, serve_protected
+from tritask.client import ClientCredentials, OAuthError, connect
+from tritask.client.errors import InvalidRequestError
+from tritask.client.oauth import parse_bearer_challenge
+from tritask.testing.oauth import TestAuthorizationServer, running_authorization_server
+
+
+def test_challenge_parsing() -> None:
+    value = (
+        'Bearer error="insufficient_scope", scope="files:write mcp", '
+        'resource_metadata="https://h/.well-known/oauth-protected-resource/mcp", '
+        'error_description="The token lacks a scope"'
+    )
+    assert parse_bearer_challenge(value) == {
+        "error": "insufficient_scope",
+        "scope": "files:write mcp",
+        "resource_metadata": "https://h/.well-known/oauth-protected-resource/mcp",
+        "error_description": "The token lacks a scope",
+    }
+    assert parse_bearer_challenge('Basic realm="x"') is None
+    assert parse_bearer_challenge(None) is None
+    assert parse_bearer_challenge('DPoP algs="ES256", Bearer scope=mcp') == {"scope": "mcp"}
+
+
+async def test_a_static_bearer_token(auth_server: TestAuthorizationServer) -> None:
+    async with serve_protected(auth_server) as endpoint:
+        token = auth_server.mint(aud=endpoint.resource, scope="mcp", sub="dora")
+        async with connect(endpoint.url, auth=f"Bearer {token}") as client:
+            result = await client.call_tool("whoami", {})
+            assert result.structured_content is not None
+            assert result.structured_content["subject"] == "dora"
+        with pytest.raises(InvalidRequestError, match="Unauthorized: A bearer token is required"):
+            async with connect(endpoint.url) as client:
+                pass
+
+
+async def test_client_credentials_discovery_call_and_step_up(
+    auth_server: TestAuthorizationServer,
+) -> None:
+    probe = Probe()
+    async with serve_protected(auth_server, probe) as endpoint:
+        credentials = ClientCredentials("test-client", "test-secret")
+        async with connect(endpoint.url, auth=credentials) as client:
+            who = await client.call_tool("whoami", {})
+            assert who.structured_content is not None
+            assert who.structured_content["subject"] == "test-client"
+            assert who.structured_content["scopes"] == ["mcp"]
+            # The first token: discovered from the 401, scope from the challenge, resource.
+            assert auth_server.token_requests == [
+                {"grant_type": "client_credentials", "scope": "mcp", "resource": endpoint.resource}
+            ]
+            assert auth_server.requests["/.well-known/oauth-authorization-server"] == 1
+            # A tool needing more: 403, a token for the union, the call again.
+            written = await client.call_tool("write", {"path": "report"})
+            assert written.content[0]["text"] == "wrote report"
+            assert probe.writes == ["report"]
+            assert auth_server.token_requests[-1] == {
+                "grant_type": "client_credentials",
+                "scope": "files:write mcp",
+                "resource": endpoint.resource,
+            }
+            assert credentials.granted == frozenset({"mcp", "files:write"})
+            # The token is reused while it is valid.
+            await client.call_tool("write", {"path": "again"})
+            assert len(auth_server.token_requests) == 2
+            assert credentials.token_requests == 2
+
+
+async def test_client_credentials_refuses_metadata_for_another_resource(
+    auth_server: TestAuthorizationServer,
+) -> None:
+    async with serve_protected(auth_server) as endpoint:
+        credentials = ClientCredentials("test-client", "wrong-secret")
+        with pytest.raises(OAuthError, match="HTTP 401 \\(invalid_client\\)"):
+            async with connect(endpoint.url, auth=credentials):
+                pass
+        # A resource server whose metadata names another resource is not given a token.
+        impostor = ClientCredentials("test-client", "test-secret")
+        with pytest.raises(OAuthError, match="the metadata is for"):
+            await impostor._discover(endpoint.metadata_url, "http://127.0.0.1:1/mcp")
+        assert auth_server.token_requests[-1:] == [
+            {"grant_type": "client_credentials", "scope": "mcp", "resource": endpoint.resource}
+        ]
+
+
+async def test_client_credentials_post_and_a_configured_endpoint() -> None:
+    async with running_authorization_server() as server, serve_protected(server) as endpoint:
+        credentials = ClientCredentials(
+            "test-client",
+            "test-secret",
+            scopes=["mcp"],
+            token_endpoint=f"{server.issuer}/token",
+            resource=endpoint.resource,
+            auth_method="client_secret_post",
+        )
+        async with connect(endpoint.url, auth=credentials) as client:
+            result: Any = await client.call_tool("whoami", {})
+            assert result.structured_content["subject"] == "test-client"
+        # No discovery at all: the token was fetched before the first request.
+        assert server.requests["/.well-known/oauth-authorization-server"] == 0
+        assert server.token_requests == [
+            {
+                "grant_type": "client_credentials",
+                "scope": "mcp",
+                "resource": endpoint.resource,
+                "client_id": "test-client",
+                "client_secret": "test-secret",
+            }
+        ]
