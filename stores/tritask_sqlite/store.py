@@ -90,6 +90,7 @@ from tritask.tasks.model import (
 from tritask.tasks.model import record_version as snapshot_record_version
 from tritask.tasks.reducer import apply
 from tritask.tasks.store import (
+    LEASE_LOST,
     NOT_FOUND,
     REQUEST_KINDS,
     SETTLE_KINDS,
@@ -111,8 +112,10 @@ from tritask.tasks.store import (
     EventIdReused,
     InvalidTask,
     Lease,
+    LeaseLost,
     LedgerEntry,
     NotFound,
+    Renewed,
     RequestAuthority,
     Scope,
     StaleLease,
@@ -132,6 +135,7 @@ from tritask.tasks.store import (
     check_owner,
     check_positive_int,
     check_positive_ms,
+    check_renewals,
     check_task_query,
     check_transition_arguments,
     decode_ledger,
@@ -232,6 +236,20 @@ _LIST = (
     "      AND json_type(record, '$.work.input.name') = 'text'"
     "      AND json_extract(record, '$.work.input.name') = :tool))"
     " ORDER BY created_at_us, task_id LIMIT :limit"
+)
+#: ``renew_all``: every lease of the batch (a JSON array of ``[task_id, token, generation,
+#: expires_at, new_token]``) that is exactly its task's live claim of this owner and epoch gets
+#: the new token and expiry, in one statement; the rows it renewed come back with their
+#: revision. Only the claim columns are read and written (no record is decoded).
+_RENEW_ALL = (
+    "UPDATE tritask_tasks AS t SET claim_token = b.new_token, claim_expires_at_us = :expires_at"
+    " FROM (SELECT json_extract(value, '$[0]') AS task_id, json_extract(value, '$[1]') AS token,"
+    " json_extract(value, '$[2]') AS generation, json_extract(value, '$[3]') AS expires_at,"
+    " json_extract(value, '$[4]') AS new_token FROM json_each(:batch)) AS b"
+    " WHERE t.task_id = b.task_id AND t.claim_owner = :owner AND t.claim_token = b.token"
+    " AND t.lease_generation = b.generation AND t.claim_expires_at_us = b.expires_at"
+    " AND t.claim_epoch = :epoch AND t.claim_expires_at_us > :now"
+    " RETURNING task_id, revision"
 )
 _CLEAR_CLAIM = (
     "UPDATE tritask_tasks SET claim_owner = NULL, claim_token = NULL,"
@@ -1112,6 +1130,65 @@ class SqliteStore:
             return renewed
 
         return await self._transact(body, write=True)
+
+    async def renew_all(
+        self, owner_id: str, leases: list[Lease] | tuple[Lease, ...], lease_ms: int
+    ) -> list[Renewed | LeaseLost]:
+        """Renew every lease of ``owner_id`` that is its task's live claim, in one statement
+        (one ``IMMEDIATE`` transaction, one commit), whatever the batch's size."""
+        self._ensure_open()
+        owner_id, batch, lease_ms = check_renewals(owner_id, leases, lease_ms)
+        # Only a lease of this store, epoch and owner can match; each task once (the first
+        # lease for it), as a second renew of one task in a row would be stale.
+        wanted: dict[str, int] = {}
+        for index, lease in enumerate(batch):
+            if (
+                lease.store_id == self._id
+                and lease.owner_id == owner_id
+                and lease.epoch == self._epoch
+                and lease.task_id not in wanted
+            ):
+                wanted[lease.task_id] = index
+        results: list[Renewed | LeaseLost] = [LEASE_LOST] * len(batch)
+        if not wanted:
+            await trio.lowlevel.checkpoint()
+            return results
+        # Fresh tokens (36 characters, as the claim columns require), one urandom call.
+        random = os.urandom(18 * len(wanted)).hex()
+        tokens = {task_id: random[36 * n : 36 * n + 36] for n, task_id in enumerate(wanted)}
+        rows = [
+            [lease.task_id, lease.token, lease.generation, lease.expires_at, tokens[task_id]]
+            for task_id, lease in ((task_id, batch[i]) for task_id, i in wanted.items())
+        ]
+        text = json.dumps(rows, ensure_ascii=True, separators=(",", ":"))
+
+        def body(conn: sqlite3.Connection, now: int) -> tuple[int, list[tuple[Any, ...]]]:
+            expires_at = now + lease_ms * 1000
+            params = {
+                "batch": text,
+                "owner": owner_id,
+                "epoch": self._epoch,
+                "now": now,
+                "expires_at": expires_at,
+            }
+            return expires_at, conn.execute(_RENEW_ALL, params).fetchall()
+
+        expires_at, renewed = await self._transact(body, write=True)
+        for task_id, revision in renewed:
+            index = wanted[task_id]
+            old = batch[index]
+            self._recent.pop(task_id, None)  # a settle would not match it any more
+            lease = Lease(
+                store_id=old.store_id,
+                task_id=old.task_id,
+                owner_id=old.owner_id,
+                token=tokens[task_id],
+                generation=old.generation,
+                expires_at=expires_at,
+                epoch=old.epoch,
+            )
+            results[index] = Renewed(lease, revision)
+        return results
 
     async def release(self, lease: Lease) -> None:
         self._ensure_open()

@@ -38,6 +38,7 @@ from tritask.tasks.model import (
 )
 from tritask.tasks.reducer import apply
 from tritask.tasks.store import (
+    LEASE_LOST,
     NOT_FOUND,
     REQUEST_KINDS,
     SETTLE_KINDS,
@@ -55,8 +56,10 @@ from tritask.tasks.store import (
     EventIdReused,
     InvalidTask,
     Lease,
+    LeaseLost,
     LedgerEntry,
     NotFound,
+    Renewed,
     RequestAuthority,
     Scope,
     StaleLease,
@@ -73,6 +76,7 @@ from tritask.tasks.store import (
     check_operator_action,
     check_owner,
     check_positive_ms,
+    check_renewals,
     check_task_query,
     check_transition_arguments,
     listing_page,
@@ -365,6 +369,30 @@ class MemoryStore:
         entry.claim = renewed
         self._reschedule(entry, now)
         return renewed
+
+    async def renew_all(
+        self, owner_id: str, leases: list[Lease] | tuple[Lease, ...], lease_ms: int
+    ) -> list[Renewed | LeaseLost]:
+        """Renew every lease that is its task's live claim and ``owner_id``'s, in one step."""
+        now = await self._enter()
+        owner_id, batch, lease_ms = check_renewals(owner_id, leases, lease_ms)
+        expires_at = now + lease_ms * 1000
+        results: list[Renewed | LeaseLost] = []
+        for lease in batch:
+            entry = self._entries.get(lease.task_id) if lease.store_id == self._id else None
+            if (
+                entry is None
+                or lease.owner_id != owner_id
+                or entry.claim != lease
+                or now >= lease.expires_at
+            ):
+                results.append(LEASE_LOST)
+                continue
+            renewed = attrs.evolve(lease, token=secrets.token_urlsafe(32), expires_at=expires_at)
+            entry.claim = renewed
+            self._reschedule(entry, now)
+            results.append(Renewed(renewed, entry.snapshot.revision))
+        return results
 
     async def release(self, lease: Lease) -> None:
         now = await self._enter()

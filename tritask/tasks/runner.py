@@ -66,6 +66,7 @@ from tritask.tasks.steps import (
     step_fingerprint,
 )
 from tritask.tasks.store import (
+    LEASE_LOST,
     NOT_FOUND,
     Access,
     Authority,
@@ -77,11 +78,13 @@ from tritask.tasks.store import (
     Lease,
     NotFound,
     OffersWakeups,
+    RenewsLeases,
     RequestAuthority,
     StaleLease,
     Store,
     Transition,
     WorkerAuthority,
+    renews_leases,
     settles,
     stamps_creation,
     work_tool,
@@ -308,12 +311,16 @@ class Runner:
         self._started_count = 0
         self._stopped_count = 0
         self._cm_nursery: Any = None
-        # Due times (trio clock) of each attempt's first heartbeat and of its runtime limit.
+        # Due times (trio clock) of each attempt's next heartbeat and of its runtime limit.
         # Every attempt waits the same interval, so insertion order is due order: the first
-        # item is always the earliest. One timer task serves them all (see _timer_loop).
+        # item is always the earliest. One timer task serves them all (see _timer_loop); on a
+        # store that renews leases in batches the heartbeats are the renewal loop's instead
+        # (see _renewal_loop).
         self._heartbeat_due: dict[_Job, float] = {}
         self._runtime_due: dict[_Job, float] = {}
         self._timer_added = trio.Event()
+        self._renewal_added = trio.Event()
+        self._batch_renewal = False
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -334,6 +341,10 @@ class Runner:
                     nursery.start_soon(self._wakeup_loop, self.store)
                 if self.reap_interval_ms is not None:
                     nursery.start_soon(self._reap_loop)
+                store = self.store
+                if renews_leases(store):
+                    self._batch_renewal = True
+                    nursery.start_soon(self._renewal_loop, store)
                 nursery.start_soon(self._timer_loop)
                 task_status.started(self)
                 await self._stopping.wait()
@@ -832,7 +843,10 @@ class Runner:
             tables.append((self._runtime_due, self.max_runtime_ms))
         for due, interval_ms in tables:
             if not due:  # a new head: the timer may be waiting for something later
-                self._timer_added.set()
+                if due is self._heartbeat_due and self._batch_renewal:
+                    self._renewal_added.set()
+                else:
+                    self._timer_added.set()
             due[job] = now + interval_ms / 1000
 
     def _drop_timers(self, job: _Job) -> None:
@@ -840,20 +854,23 @@ class Runner:
         self._runtime_due.pop(job, None)
 
     async def _timer_loop(self) -> None:
-        """Start each attempt's heartbeat and runtime limit in its own nursery when due."""
+        """Start each attempt's heartbeat (unless the renewal loop renews in batches) and
+        runtime limit in its own nursery when due."""
+        tables: list[tuple[dict[_Job, float], Callable[[_Job], Awaitable[None]]]] = [
+            (self._runtime_due, self._runtime_limit)
+        ]
+        if not self._batch_renewal:
+            tables.append((self._heartbeat_due, self._heartbeat))
         while True:
             earliest = math.inf
-            for due in (self._heartbeat_due, self._runtime_due):
+            for due, _ in tables:
                 if due:
                     earliest = min(earliest, next(iter(due.values())))
             with trio.move_on_at(earliest):
                 await self._timer_added.wait()
             self._timer_added = trio.Event()
             now = trio.current_time()
-            for due, helper in (
-                (self._heartbeat_due, self._heartbeat),
-                (self._runtime_due, self._runtime_limit),
-            ):
+            for due, helper in tables:
                 while due:
                     job, at = next(iter(due.items()))
                     if at > now:
@@ -1040,41 +1057,124 @@ class Runner:
         self._request_stop(job, reason)
         await job.done.wait()
 
-    async def _heartbeat(self, job: _Job) -> None:
-        """Renew now (the first heartbeat is due), then every ``heartbeat_ms``."""
-        first = True
+    async def _renewal_loop(self, store: RenewsLeases) -> None:
+        """Every attempt's heartbeat in one store call (a store that offers ``renew_all``).
+
+        It waits until the earliest attempt's heartbeat is due (``heartbeat_ms`` after its
+        start, or after its previous renewal), then renews every running attempt's lease in one
+        ``renew_all``, so a runner makes one commit per heartbeat however many attempts it runs
+        (an attempt started since the previous batch is renewed early, which costs nothing
+        extra). Fencing stays per attempt: a lost lease stops that attempt alone, as a single
+        renewal's ``StaleLease`` does. An attempt whose lease lock is held (a commit of its own
+        is in flight) is renewed by itself once the commit is done. A revision the runner did
+        not write makes the attempt re-read its task (answers or a cancellation committed
+        elsewhere), which replaces the re-read every single heartbeat does.
+        """
+        due = self._heartbeat_due
         while True:
-            if not first:
-                await trio.sleep(self.heartbeat_ms / 1000)
-            first = False
+            earliest = next(iter(due.values())) if due else math.inf
+            with trio.move_on_at(earliest):
+                await self._renewal_added.wait()
+            self._renewal_added = trio.Event()
+            now = trio.current_time()
+            if not due or next(iter(due.values())) > now:
+                continue
+            # Every attempt's next heartbeat is one interval from now; re-inserted before the
+            # call, so attempts started meanwhile stay behind them (insertion order is due
+            # order).
+            batch: list[_Job] = []
+            next_due = now + self.heartbeat_ms / 1000
+            for job in list(due):
+                del due[job]
+                due[job] = next_due
+                if job.released or job.scope.cancel_called:
+                    continue  # settled or stopping: nothing to renew
+                if job.lease_lock.locked():
+                    self._spawn_helper(job, self._renew_alone)
+                    continue
+                job.lease_lock.acquire_nowait()
+                batch.append(job)
+            if batch:
+                await self._renew_batch(store, batch)
+
+    async def _renew_batch(self, store: RenewsLeases, batch: list[_Job]) -> None:
+        """``renew_all`` for ``batch``, whose lease locks are held (and released here)."""
+        try:
             try:
-                async with job.lease_lock:
-                    if job.released:  # settled: the claim is gone, the attempt is ending
-                        return
-                    job.lease = await self.store.renew(job.lease, self.lease_ms)
-                    snapshot = await self.store.worker_snapshot(job.task_id, job.lease)
-            except StaleLease:
+                results = await store.renew_all(
+                    self.owner_id, [job.lease for job in batch], self.lease_ms
+                )
+                if len(results) != len(batch):
+                    raise RuntimeError("renew_all answered for another number of leases")
+            except Exception:
+                # A transient store failure is not a lost lease: the store decides that, and
+                # the next heartbeat gets LEASE_LOST once a claim has really lapsed.
+                log.exception("renewing %d leases failed; retrying next heartbeat", len(batch))
+                return
+            for job, result in zip(batch, results, strict=True):
+                if result is LEASE_LOST:
+                    self._emit(
+                        ins.LEASE_LOST,
+                        {"generation": job.lease.generation},
+                        {"task_id": job.task_id},
+                    )
+                    self._request_stop(job, "stale_lease")
+                    continue
+                job.lease = result.lease
                 self._emit(
-                    ins.LEASE_LOST,
+                    ins.LEASE_RENEWED,
                     {"generation": job.lease.generation},
                     {"task_id": job.task_id},
                 )
-                self._request_stop(job, "stale_lease")
-                return
-            except Exception:
-                # A transient store failure is not a lost lease: the store decides that, and
-                # the next renewal gets StaleLease once the claim has really lapsed.
-                log.exception("renewing the lease of task %s failed; retrying", job.task_id)
-                continue
+                if result.revision > job.revision:
+                    self._spawn_helper(job, self._refresh)
+        finally:
+            for job in batch:
+                job.lease_lock.release()
+
+    async def _renew_alone(self, job: _Job) -> None:
+        """One heartbeat of one attempt, on a batch-renewing store (its lock was busy)."""
+        await self._renew_once(job)
+
+    async def _renew_once(self, job: _Job) -> bool:
+        """Renew one attempt's lease and re-read its task; ``False``: the attempt is over."""
+        try:
+            async with job.lease_lock:
+                if job.released:  # settled: the claim is gone, the attempt is ending
+                    return False
+                job.lease = await self.store.renew(job.lease, self.lease_ms)
+                snapshot = await self.store.worker_snapshot(job.task_id, job.lease)
+        except StaleLease:
             self._emit(
-                ins.LEASE_RENEWED,
+                ins.LEASE_LOST,
                 {"generation": job.lease.generation},
                 {"task_id": job.task_id},
             )
-            if isinstance(snapshot, NotFound):
-                self._request_stop(job, "expired")
+            self._request_stop(job, "stale_lease")
+            return False
+        except Exception:
+            # A transient store failure is not a lost lease: the store decides that, and
+            # the next renewal gets StaleLease once the claim has really lapsed.
+            log.exception("renewing the lease of task %s failed; retrying", job.task_id)
+            return True
+        self._emit(
+            ins.LEASE_RENEWED,
+            {"generation": job.lease.generation},
+            {"task_id": job.task_id},
+        )
+        if isinstance(snapshot, NotFound):
+            self._request_stop(job, "expired")
+            return False
+        self._reconcile(job, snapshot)
+        return True
+
+    async def _heartbeat(self, job: _Job) -> None:
+        """Renew now (the first heartbeat is due), then every ``heartbeat_ms`` (a store
+        without ``renew_all``: one renewal and one re-read per attempt and heartbeat)."""
+        while True:
+            if not await self._renew_once(job):
                 return
-            self._reconcile(job, snapshot)
+            await trio.sleep(self.heartbeat_ms / 1000)
 
     def _reconcile(self, job: _Job, snapshot: Snapshot) -> None:
         """Deliver inbox answers accepted elsewhere; stop if the task ended elsewhere."""

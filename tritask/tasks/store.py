@@ -45,6 +45,7 @@ from tritask.tasks.reducer import DuplicateInputKey, StepKeyReused, StepLimitExc
 from tritask.tasks.work import InvalidJSON, Work, canonical_json
 
 __all__ = [
+    "LEASE_LOST",
     "MAX_AUDIT_PAGE",
     "MAX_LIST_PAGE",
     "NOT_FOUND",
@@ -74,9 +75,12 @@ __all__ = [
     "InvalidScope",
     "InvalidTask",
     "Lease",
+    "LeaseLost",
     "LedgerEntry",
     "ListsTasks",
     "NotFound",
+    "Renewed",
+    "RenewsLeases",
     "RequestAuthority",
     "Scope",
     "Settles",
@@ -103,12 +107,14 @@ __all__ = [
     "check_owner",
     "check_positive_int",
     "check_positive_ms",
+    "check_renewals",
     "check_task_query",
     "check_transition_arguments",
     "decode_ledger",
     "listing_page",
     "lists_tasks",
     "new_access",
+    "renews_leases",
     "require_scope",
     "resolve_scope",
     "settles",
@@ -317,8 +323,36 @@ class Unavailable(enum.Enum):
         return "UNAVAILABLE"
 
 
+@final
+class LeaseLost(enum.Enum):
+    """A lease in a :meth:`RenewsLeases.renew_all` batch that was not renewed: forged,
+    expired, superseded, released, for another owner, task or store, or a repeat of a task
+    already renewed in the same batch (what a single ``renew`` would raise
+    :class:`StaleLease` for)."""
+
+    LEASE_LOST = "lease_lost"
+
+    def __repr__(self) -> str:
+        return "LEASE_LOST"
+
+
 NOT_FOUND: Final = NotFound.NOT_FOUND
 UNAVAILABLE: Final = Unavailable.UNAVAILABLE
+LEASE_LOST: Final = LeaseLost.LEASE_LOST
+
+
+@attrs.frozen
+class Renewed:
+    """One lease of a :meth:`RenewsLeases.renew_all` batch, renewed.
+
+    ``lease`` is the new value (a fresh token, the expiry the batch's one store instant plus
+    ``lease_ms``; owner, task, generation and epoch unchanged: the old value is now stale).
+    ``revision`` is the task's revision at that instant: a runner that sees a revision it did
+    not write re-reads the task (an answer or a cancellation committed elsewhere).
+    """
+
+    lease: Lease
+    revision: int
 
 
 @attrs.frozen(kw_only=True)
@@ -624,6 +658,21 @@ def check_transition_arguments(
         raise TypeError(f"{operation} needs an Event")
 
 
+def check_renewals(
+    owner_id: object, leases: object, lease_ms: object
+) -> tuple[str, list[Lease], int]:
+    """The arguments of :meth:`RenewsLeases.renew_all`: an owner, a sequence of leases (a
+    list or tuple, so its order is the answer's), a positive ``lease_ms``."""
+    owner_id = check_owner(owner_id)
+    lease_ms = check_positive_ms(lease_ms, "lease_ms")
+    if not isinstance(leases, list | tuple):
+        raise TypeError("renew_all needs a list or tuple of leases")
+    for lease in leases:
+        if not isinstance(lease, Lease):
+            raise TypeError("renew_all needs a list or tuple of leases")
+    return owner_id, list(leases), lease_ms
+
+
 def decode_ledger(snapshot: Snapshot, rows: Iterable[tuple[Any, ...]]) -> list[LedgerEntry]:
     """A persisted ledger decoded and validated against itself and the task's record.
 
@@ -771,6 +820,32 @@ class ListsTasks(Protocol):
     async def operator_access(self, task_id: str, action: Action) -> Access | NotFound: ...
 
 
+@runtime_checkable
+class RenewsLeases(Protocol):
+    """A store that renews many leases of one owner in one atomic step (one commit).
+
+    ``renew_all(owner_id, leases, lease_ms)`` answers, in the order of ``leases``, what
+    ``renew(lease, lease_ms)`` would have for each of them, all decided at one store instant
+    ``now``: a :class:`Renewed` (the new lease expires at ``now + lease_ms``, with a fresh
+    token, and the task's revision) where ``lease`` is exactly the task's live claim and its
+    ``owner_id`` is ``owner_id``; :data:`LEASE_LOST` for anything else (a stale generation or
+    token, an expired lease, a released claim, a deleted task, another store or owner). A lost
+    lease changes nothing and never affects the others: an expired lease is not revived even if
+    nobody claimed the task since. A task is renewed at most once per call: after the first
+    lease that renews it, any other lease for the same task in the batch is lost (it is stale
+    by then, as it would be for a second ``renew``). An empty batch commits nothing.
+
+    Runners renew all their attempts' leases with one call per heartbeat when the store offers
+    it, so idle cost is proportional to runners, not to running tasks; without it each attempt
+    renews its own lease. Detected on the store's class (:func:`renews_leases`), for the reason
+    given under :class:`Settles`.
+    """
+
+    async def renew_all(
+        self, owner_id: str, leases: list[Lease] | tuple[Lease, ...], lease_ms: int
+    ) -> list[Renewed | LeaseLost]: ...
+
+
 def _class_offers(store: object, name: str) -> bool:
     return callable(getattr(type(store), name, None))
 
@@ -783,6 +858,11 @@ def settles(store: object) -> TypeGuard[Settles]:
 def stamps_creation(store: object) -> TypeGuard[StampsCreation]:
     """Whether ``store``'s class offers :class:`StampsCreation`."""
     return _class_offers(store, "create_claimed_stamped")
+
+
+def renews_leases(store: object) -> TypeGuard[RenewsLeases]:
+    """Whether ``store``'s class offers :class:`RenewsLeases`."""
+    return _class_offers(store, "renew_all")
 
 
 def lists_tasks(store: object) -> TypeGuard[ListsTasks]:

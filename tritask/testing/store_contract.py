@@ -47,6 +47,7 @@ from tritask.tasks._time import format_instant
 from tritask.tasks.events import Effects, Event, EventKind, RetryEffect, derived_event_id
 from tritask.tasks.model import Snapshot, TaskStatus, new_task
 from tritask.tasks.store import (
+    LEASE_LOST,
     NOT_FOUND,
     UNAVAILABLE,
     Action,
@@ -62,6 +63,8 @@ from tritask.tasks.store import (
     InvalidScope,
     InvalidTask,
     Lease,
+    Renewed,
+    RenewsLeases,
     RequestAuthority,
     Scope,
     StaleLease,
@@ -78,6 +81,7 @@ from tritask.tasks.store import (
     UnauthorizedAction,
     WorkerAuthority,
     lists_tasks,
+    renews_leases,
     settles,
     stamps_creation,
 )
@@ -1319,6 +1323,181 @@ class StoreContract:
             assert again == attrs.evolve(first, outcome="duplicate")
             with pytest.raises(StaleLease):
                 await store.release(lease)
+
+    # -- optional capability: renew_all -----------------------------------------------------------
+
+    def batch_renewer(self, store: Store) -> RenewsLeases:
+        if not renews_leases(store):
+            pytest.skip("the store does not offer renew_all")
+        return store
+
+    async def test_renew_all_renews_live_leases_and_refuses_each_stale_one_alone(self) -> None:
+        """Fencing stays exact per lease: a stale generation, token, owner or store in the batch
+        is lost for that lease alone, the others are renewed at one instant."""
+        async with self.store() as store, self.store() as other:
+            renewer = self.batch_renewer(store)
+            for n in range(1, 7):
+                await self.create(store, f"task-{n}")
+            await self.create(other, "task-1")
+            first = await self.claimed(store, "task-1")
+            old_generation = await self.claimed(store, "task-2")
+            await store.release(old_generation)
+            second = await self.claimed(store, "task-2")  # generation 2: the old value is stale
+            old_token = await self.claimed(store, "task-3")
+            third = await store.renew(old_token, LEASE_MS)
+            fourth = await self.claimed(store, "task-4")
+            foreign = await self.claimed(store, "task-5", owner="owner-2")
+            sixth = await self.claimed(store, "task-6")
+            elsewhere = await self.claimed(other, "task-1")
+            await self.applied(
+                store, "task-6", 0, Event.input_requested("a", ASK), WorkerAuthority(sixth)
+            )
+            await self.advance(10_000)
+            batch = [
+                first,
+                old_generation,
+                old_token,
+                attrs.evolve(fourth, token="forged"),
+                attrs.evolve(fourth, generation=fourth.generation + 1),
+                attrs.evolve(fourth, expires_at=fourth.expires_at + 1000),
+                foreign,
+                elsewhere,
+                sixth,
+                first,  # a repeat: stale once the first one renewed the task
+            ]
+            results = await renewer.renew_all("owner-1", batch, LEASE_MS)
+            assert [type(r) if r is not LEASE_LOST else r for r in results] == [
+                Renewed,
+                LEASE_LOST,
+                LEASE_LOST,
+                LEASE_LOST,
+                LEASE_LOST,
+                LEASE_LOST,
+                LEASE_LOST,
+                LEASE_LOST,
+                Renewed,
+                LEASE_LOST,
+            ]
+            renewed_first, renewed_sixth = results[0], results[8]
+            assert isinstance(renewed_first, Renewed) and isinstance(renewed_sixth, Renewed)
+            expiry = START + 10_000_000 + LEASE_MS * 1000
+            for renewed, old, revision in ((renewed_first, first, 0), (renewed_sixth, sixth, 1)):
+                new = renewed.lease
+                assert renewed.revision == revision
+                assert (new.store_id, new.task_id, new.owner_id, new.generation, new.epoch) == (
+                    old.store_id,
+                    old.task_id,
+                    old.owner_id,
+                    old.generation,
+                    old.epoch,
+                )
+                assert new.expires_at == expiry
+                assert new.token != old.token
+                with pytest.raises(StaleLease):
+                    await store.worker_snapshot(old.task_id, old)
+                assert isinstance(await store.worker_snapshot(new.task_id, new), Snapshot)
+            # The refused leases changed nothing: each live claim is exactly as it was.
+            for task_id, live in (
+                ("task-2", second),
+                ("task-3", third),
+                ("task-4", fourth),
+                ("task-5", foreign),
+            ):
+                snapshot = await store.worker_snapshot(task_id, live)
+                assert isinstance(snapshot, Snapshot)
+            assert isinstance(await other.worker_snapshot("task-1", elsewhere), Snapshot)
+            # Their expiries were not extended; the renewed ones were, to the exact instant.
+            await self.advance(LEASE_MS - 10_000)
+            claimed = [await store.claim_next("owner-3", LEASE_MS) for _ in range(5)]
+            assert sorted(c.lease.task_id for c in claimed if c is not None) == [
+                "task-2",
+                "task-3",
+                "task-4",
+                "task-5",
+            ]
+            assert await store.claim("task-1", "owner-3", LEASE_MS) is UNAVAILABLE
+            await self.advance(10_000 - 1)
+            assert await store.claim("task-1", "owner-3", LEASE_MS) is UNAVAILABLE
+            assert isinstance(await store.worker_snapshot("task-1", renewed_first.lease), Snapshot)
+            await self.advance(1)
+            again = await store.claim("task-1", "owner-3", LEASE_MS)
+            assert isinstance(again, Claimed)
+            assert again.lease.generation == first.generation + 1
+
+    async def test_renew_all_does_not_revive_an_expired_lease(self) -> None:
+        async with self.store() as store:
+            renewer = self.batch_renewer(store)
+            await self.create(store, "task-1")
+            await self.create(store, "task-2")
+            short = await store.claim("task-1", "owner-1", 1000)
+            assert isinstance(short, Claimed)
+            long = await self.claimed(store, "task-2")
+            await self.advance(1000)  # task-1's lease ends exactly now; nobody claimed it since
+            results = await renewer.renew_all("owner-1", (short.lease, long), 1000)
+            assert results[0] is LEASE_LOST
+            assert isinstance(results[1], Renewed)
+            assert results[1].lease.expires_at == START + 2_000_000
+            with pytest.raises(StaleLease):
+                await store.worker_snapshot("task-1", short.lease)
+            with pytest.raises(StaleLease):
+                await store.renew(short.lease, 1000)
+            adopted = await store.claim_next("owner-2", LEASE_MS)
+            assert adopted is not None
+            assert (adopted.lease.task_id, adopted.lease.generation) == ("task-1", 2)
+            assert await renewer.renew_all("owner-1", [short.lease], LEASE_MS) == [LEASE_LOST]
+            released = results[1].lease
+            await store.release(released)
+            assert await renewer.renew_all("owner-1", [released], LEASE_MS) == [LEASE_LOST]
+
+    async def test_renew_all_arguments(self) -> None:
+        async with self.store() as store:
+            renewer = self.batch_renewer(store)
+            await self.create(store, "task-1")
+            lease = await self.claimed(store, "task-1")
+            assert await renewer.renew_all("owner-1", [], LEASE_MS) == []
+            with pytest.raises(TypeError):
+                await renewer.renew_all("owner-1", [lease, "lease"], LEASE_MS)  # type: ignore[list-item]
+            with pytest.raises(TypeError):
+                await renewer.renew_all("owner-1", iter([lease]), LEASE_MS)  # type: ignore[arg-type]
+            with pytest.raises(ValueError):
+                await renewer.renew_all("owner-1", [lease], 0)
+            with pytest.raises(ValueError):
+                await renewer.renew_all("", [lease], LEASE_MS)
+            assert isinstance(await store.worker_snapshot("task-1", lease), Snapshot)
+
+    async def test_a_dead_owners_hundreds_of_leases_are_recovered_after_expiry(self) -> None:
+        """A runner renewing hundreds of leases in batches dies: nobody can take its tasks
+        before the last batch's expiry, and then another owner adopts every one of them."""
+        count = 300
+        async with self.store() as store:
+            renewer = self.batch_renewer(store)
+            for n in range(count):
+                await self.create(store, f"task-{n:03}")
+            leases = []
+            for _ in range(count):
+                claimed = await store.claim_next("dead", LEASE_MS)
+                assert claimed is not None
+                leases.append(claimed.lease)
+            assert [lease.task_id for lease in leases] == [f"task-{n:03}" for n in range(count)]
+            await self.advance(10_000)
+            results = await renewer.renew_all("dead", leases, LEASE_MS)
+            assert all(isinstance(r, Renewed) for r in results)
+            last = [r.lease for r in results if isinstance(r, Renewed)]
+            assert {lease.expires_at for lease in last} == {START + 10_000_000 + LEASE_MS * 1000}
+            # The owner dies here. Until its last renewal lapses, its tasks stay its own.
+            await self.advance(LEASE_MS - 1)
+            assert await store.claim_next("heir", LEASE_MS) is None
+            await self.advance(1)
+            adopted = []
+            while (claimed := await store.claim_next("heir", LEASE_MS)) is not None:
+                adopted.append(claimed.lease)
+            assert [lease.task_id for lease in adopted] == [f"task-{n:03}" for n in range(count)]
+            assert {lease.generation for lease in adopted} == {2}
+            assert await renewer.renew_all("dead", last, LEASE_MS) == [LEASE_LOST] * count
+            await self.advance(10_000)
+            again = await renewer.renew_all("heir", adopted, LEASE_MS)
+            assert all(isinstance(r, Renewed) for r in again)
+            assert await renewer.renew_all("heir", adopted, LEASE_MS) == [LEASE_LOST] * count
 
     # -- optional capability: create_claimed_stamped ---------------------------------------------
 
