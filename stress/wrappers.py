@@ -4,10 +4,12 @@ They wrap any :class:`~tritask.tasks.store.Store` through the protocol only, so 
 workloads run unchanged on the memory, SQLite and PostgreSQL stores.
 
 The optional capabilities runners detect on the store's *class* (``settle``,
-``create_claimed_stamped``) are offered by a wrapper exactly when its inner store offers them:
-constructing a wrapper picks (and caches) a subclass of it with those methods mixed in. A
-wrapper changes what they do by overriding the hooks ``_settle`` and
-``_create_claimed_stamped``, never the public names (that would offer them unconditionally).
+``create_claimed_stamped``, ``renew_all``) are offered by a wrapper exactly when its inner store
+offers them: constructing a wrapper picks (and caches) a subclass of it with those methods mixed
+in. A wrapper changes what they do by overriding the hooks ``_settle``,
+``_create_claimed_stamped`` and ``_renew_all``, never the public names (that would offer them
+unconditionally); one that must not offer ``renew_all`` (its ``renew`` models something a
+batch would bypass) sets ``batch_renewal = False``.
 """
 
 from __future__ import annotations
@@ -28,11 +30,14 @@ from tritask.tasks.store import (
     Conflict,
     Deferred,
     Lease,
+    LeaseLost,
     NotFound,
+    Renewed,
     Store,
     Transition,
     Unavailable,
     WorkerAuthority,
+    renews_leases,
     settles,
     stamps_creation,
 )
@@ -60,18 +65,31 @@ class _StampingCreation:
         return await proxy._create_claimed_stamped(task, work, access, owner_id, lease_ms)
 
 
+class _RenewingAll:
+    """Mixed into a wrapper whose inner store offers ``renew_all``."""
+
+    async def renew_all(
+        self, owner_id: str, leases: list[Lease] | tuple[Lease, ...], lease_ms: int
+    ) -> list[Renewed | LeaseLost]:
+        return await cast(StoreProxy, self)._renew_all(owner_id, leases, lease_ms)
+
+
 class StoreProxy:
     """Delegates every Store operation to ``inner`` (and any other attribute, e.g. ``history``).
 
-    ``settle`` and ``create_claimed_stamped`` are methods of the instance's class only when
-    ``inner``'s class offers them (see the module docstring).
+    ``settle``, ``create_claimed_stamped`` and ``renew_all`` are methods of the instance's class
+    only when ``inner``'s class offers them (see the module docstring).
     """
 
-    _variants: ClassVar[dict[tuple[type, bool, bool], type]] = {}
+    batch_renewal: ClassVar[bool] = True
+    """Whether the wrapper offers ``renew_all`` when its inner store does."""
+
+    _variants: ClassVar[dict[tuple[type, bool, bool, bool], type]] = {}
 
     def __new__(cls, inner: Store, *args: Any, **kwargs: Any) -> Self:
         settling, stamping = settles(inner), stamps_creation(inner)
-        key = (cls, settling, stamping)
+        renewing = cls.batch_renewal and renews_leases(inner)
+        key = (cls, settling, stamping, renewing)
         variant = StoreProxy._variants.get(key)
         if variant is None:
             mixins: tuple[type, ...] = ()
@@ -79,6 +97,8 @@ class StoreProxy:
                 mixins += (_Settling,)
             if stamping:
                 mixins += (_StampingCreation,)
+            if renewing:
+                mixins += (_RenewingAll,)
             names = {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
             variant = type(cls.__name__, (*mixins, cls), names) if mixins else cls
             StoreProxy._variants[key] = variant
@@ -143,6 +163,14 @@ class StoreProxy:
         assert stamps_creation(inner)
         return await inner.create_claimed_stamped(task, work, access, owner_id, lease_ms)
 
+    async def _renew_all(
+        self, owner_id: str, leases: list[Lease] | tuple[Lease, ...], lease_ms: int
+    ) -> list[Renewed | LeaseLost]:
+        """What ``renew_all`` does (offered only when ``inner`` renews in batches)."""
+        inner = self.inner
+        assert renews_leases(inner)
+        return await inner.renew_all(owner_id, leases, lease_ms)
+
     async def aclose(self) -> None:
         await self.inner.aclose()
 
@@ -164,7 +192,11 @@ class PartitionedStore(StoreProxy):
 
     It models a runner cut off from the database (or a stuck heartbeat): the renewal waits
     until :meth:`heal`, by which time the lease has expired and another runner may own the task.
+    Cuts are per task, so it never offers ``renew_all`` (a batch would renew past the cut):
+    its runner renews each lease alone.
     """
+
+    batch_renewal: ClassVar[bool] = False
 
     def __init__(self, inner: Store) -> None:
         super().__init__(inner)
@@ -234,11 +266,15 @@ class CountingStore(StoreProxy):
     WRITES = ("create", "claim", "claim_next", "renew", "release", "transition", "reap")
     """Each successful call of these is one durable commit on a SQL store."""
 
+    renewed: int
+    """Leases renewed by ``renew_all`` (each call that renewed any is one commit)."""
+
     def __init__(self, inner: Store) -> None:
         super().__init__(inner)
         self.calls: Counter[str] = Counter()
+        self.renewed = 0
 
-    OPTIONAL_WRITES = ("create_claimed", "create_claimed_stamped", "settle")
+    OPTIONAL_WRITES = ("create_claimed", "create_claimed_stamped", "settle", "renew_all")
     """Optional store operations that write, counted when the inner store offers them (a
     ``settle`` when it answers a ``Transition``: it then released the claim, a write even when
     the event itself was ``unchanged`` or a ``duplicate``)."""
@@ -306,6 +342,16 @@ class CountingStore(StoreProxy):
         if isinstance(result, Transition):
             self.calls["settle"] += 1
         return result
+
+    async def _renew_all(
+        self, owner_id: str, leases: list[Lease] | tuple[Lease, ...], lease_ms: int
+    ) -> list[Renewed | LeaseLost]:
+        results = await super()._renew_all(owner_id, leases, lease_ms)
+        renewed = sum(1 for result in results if isinstance(result, Renewed))
+        if renewed:
+            self.calls["renew_all"] += 1
+            self.renewed += renewed
+        return results
 
     async def _create_claimed_stamped(
         self, task: Task, work: Work, access: Access, owner_id: str, lease_ms: int

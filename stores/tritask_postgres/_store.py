@@ -52,6 +52,7 @@ from tritask.tasks.model import CorruptRecord, Snapshot, Task, initial_snapshot,
 from tritask.tasks.model import snapshot_to_json as _record_json
 from tritask.tasks.reducer import apply
 from tritask.tasks.store import (
+    LEASE_LOST,
     NOT_FOUND,
     REQUEST_KINDS,
     SETTLE_KINDS,
@@ -73,8 +74,10 @@ from tritask.tasks.store import (
     EventIdReused,
     InvalidTask,
     Lease,
+    LeaseLost,
     LedgerEntry,
     NotFound,
+    Renewed,
     RequestAuthority,
     Scope,
     StaleLease,
@@ -93,6 +96,7 @@ from tritask.tasks.store import (
     check_owner,
     check_positive_int,
     check_positive_ms,
+    check_renewals,
     check_task_query,
     check_transition_arguments,
     decode_ledger,
@@ -765,6 +769,57 @@ class PostgresStore:
 
         return await self._run(run)
 
+    async def renew_all(
+        self, owner_id: str, leases: list[Lease] | tuple[Lease, ...], lease_ms: int
+    ) -> list[Renewed | LeaseLost]:
+        """Renew every lease of ``owner_id`` that is its task's live claim, in one statement
+        (``UPDATE ... FROM unnest(...)``, one transaction), whatever the batch's size: it
+        locks the batch's rows first and reads the clock after the locks, as ``renew`` does."""
+        self._opened()
+        owner_id, batch, lease_ms = check_renewals(owner_id, leases, lease_ms)
+        # Only a lease of this store and owner can match; each task once (the first lease for
+        # it), as a second renew of one task in a row would be stale.
+        wanted: dict[str, int] = {}
+        for index, lease in enumerate(batch):
+            if (
+                lease.store_id == self._store_id
+                and lease.owner_id == owner_id
+                and lease.epoch == 0
+                and lease.task_id not in wanted
+            ):
+                wanted[lease.task_id] = index
+        results: list[Renewed | LeaseLost] = [LEASE_LOST] * len(batch)
+        if not wanted:
+            await trio.lowlevel.checkpoint()
+            return results
+        chosen = [batch[index] for index in wanted.values()]
+        params = self._params(
+            ids=[lease.task_id for lease in chosen],
+            tokens=[lease.token for lease in chosen],
+            generations=[str(lease.generation) for lease in chosen],
+            expiries=[str(lease.expires_at) for lease in chosen],
+            owner=owner_id,
+            lease_us=lease_ms * 1000,
+        )
+
+        async def run(session: Session) -> list[tuple[Any, ...]]:
+            return (await session.execute(self._q.renew_all, params)).fetchall()
+
+        for task_id, revision, token, expires_at in await self._run(run):
+            index = wanted[task_id]
+            old = batch[index]
+            lease = Lease(
+                store_id=old.store_id,
+                task_id=old.task_id,
+                owner_id=old.owner_id,
+                token=token,
+                generation=old.generation,
+                expires_at=expires_at,
+                epoch=old.epoch,
+            )
+            results[index] = Renewed(lease, revision)
+        return results
+
     async def release(self, lease: Lease) -> None:
         self._opened()
 
@@ -1217,6 +1272,24 @@ class _Queries:
             "UPDATE {t} SET claim_owner = %(owner)s, claim_token = %(token)s::uuid,"
             " lease_generation = %(generation)s, claim_expires_at_us = %(expires_at)s,"
             " updated_at = clock_timestamp() WHERE task_id = %(task_id)s"
+        )
+        # renew_all: the batch's rows are locked first (in task id order), the clock is read
+        # after every lock is granted (the count needs the whole locked set), then each row
+        # that is exactly its lease's live claim gets a fresh token and the new expiry.
+        self.renew_all = q(
+            "WITH b AS (SELECT * FROM unnest(%(ids)s::text[], %(tokens)s::text[],"
+            " %(generations)s::text[]::bigint[], %(expiries)s::text[]::bigint[])"
+            " AS b(task_id, token, generation, expires_at)),"
+            " locked AS MATERIALIZED (SELECT t.task_id FROM {t} t"
+            " WHERE t.task_id = ANY(%(ids)s::text[]) ORDER BY t.task_id FOR UPDATE),"
+            " n AS MATERIALIZED (SELECT {now} AS now FROM (SELECT count(*) FROM locked) c)"
+            " UPDATE {t} t SET claim_token = gen_random_uuid(),"
+            f" claim_expires_at_us = LEAST(n.now::numeric + %(lease_us)s, {_MAX_BIGINT})::bigint,"
+            " updated_at = clock_timestamp() FROM b, n"
+            " WHERE t.task_id = b.task_id AND t.claim_owner = %(owner)s"
+            " AND t.claim_token::text = b.token AND t.lease_generation = b.generation"
+            " AND t.claim_expires_at_us = b.expires_at AND t.claim_expires_at_us > n.now"
+            " RETURNING t.task_id, t.revision, t.claim_token::text, t.claim_expires_at_us"
         )
         self.clear_claim = q(
             "WITH u AS (UPDATE {t} SET claim_owner = NULL, claim_token = NULL,"

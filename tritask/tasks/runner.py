@@ -968,7 +968,9 @@ class Runner:
         released: Literal["ok", "stale", "pending"] = "ok"
         if not job.released:  # a settling store released it with the final event
             retry = job.retry_delay_ms is not None and job.stop_reason is None
-            released = await self._release(job.lease, lock=job.lease_lock, retry=retry)
+            # The lease is read under its lock: a batch renewal in flight may replace it.
+            async with job.lease_lock:
+                released = await self._release(job.lease, retry=retry)
         self._finished(job, released)
 
     def _finished(self, job: _Job, released: Literal["ok", "stale", "pending"]) -> None:
@@ -1009,7 +1011,7 @@ class Runner:
             self._nursery.start_soon(self._fill_slots)
 
     async def _release(
-        self, lease: Lease, *, lock: trio.Lock | None = None, retry: bool = False
+        self, lease: Lease, *, retry: bool = False
     ) -> Literal["ok", "stale", "pending"]:
         """Release a claim; a store failure keeps retrying in the background (``pending``).
 
@@ -1017,11 +1019,7 @@ class Runner:
         before that the task's own claim would make the retry's claim ``unavailable``.
         """
         try:
-            if lock is not None:
-                async with lock:
-                    await self.store.release(lease)
-            else:
-                await self.store.release(lease)
+            await self.store.release(lease)
             return "ok"
         except StaleLease:
             return "stale"
