@@ -45,7 +45,7 @@ from tritask.tasks.extension import Tasks
 from tritask.tasks.instrumentation import LoggingInstrumentation
 from tritask.tasks.memory import MemoryStore
 from tritask.tasks.runner import Runner
-from tritask.tasks.store import StaleLease, Store, TaskInspection
+from tritask.tasks.store import LEASE_LOST, StaleLease, Store, TaskInspection
 from tritask.tasks.work import RetryPolicy, TraceContext, Work
 from tritask.testing.client import Client
 
@@ -636,6 +636,10 @@ class FencedStore(MemoryStore):
 
     async def renew(self, *args: Any, **kwargs: Any) -> Any:
         raise StaleLease("lost")
+
+    async def renew_all(self, owner_id: str, leases: Any, lease_ms: int) -> Any:
+        await trio.lowlevel.checkpoint()
+        return [LEASE_LOST] * len(leases)
 
 
 async def test_losses_fencing_expirations_and_tool_errors_are_counted(
