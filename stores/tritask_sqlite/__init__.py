@@ -13,6 +13,7 @@ from tritask.tasks.store import AuditPage as AuditPage
 from tritask.tasks.store import LedgerEntry as LedgerEntry
 from tritask_sqlite.schema import SCHEMA_VERSION as SCHEMA_VERSION
 from tritask_sqlite.schema import StoreSchemaError as StoreSchemaError
+from tritask_sqlite.store import ReadOnlyStore as ReadOnlyStore
 from tritask_sqlite.store import SqliteStore as SqliteStore
 from tritask_sqlite.store import StoreLocked as StoreLocked
 
@@ -21,6 +22,7 @@ __all__ = [
     "AuditFinding",
     "AuditPage",
     "LedgerEntry",
+    "ReadOnlyStore",
     "SqliteStore",
     "StoreLocked",
     "StoreSchemaError",
@@ -53,8 +55,9 @@ def open_store(url: str, **options: Any) -> SqliteStore:
 
     Like ``memory:``, the URL form defaults ``scope`` to ``"shared"``; it also defaults
     ``exclusive=True``: one serving process owns the file and fences a crashed predecessor's
-    claims. Pass ``exclusive=False`` to let several processes on one host share it.
+    claims. Pass ``exclusive=False`` to let several processes on one host share it, or
+    ``read_only=True`` to read it beside a server that holds it (no lock, nothing written).
     """
     options.setdefault("scope", "shared")
-    options.setdefault("exclusive", True)
+    options.setdefault("exclusive", not options.get("read_only", False))
     return SqliteStore(path_from_url(url), **options)

@@ -56,6 +56,12 @@ How it works, and why:
   lock), so they are reclaimable at once at generation + 1, and accesses and leases, which carry
   the epoch, stop working. A shared opener cannot observe an epoch change during its life, so it
   never fences a healthy claim of another process.
+* **Read-only openers.** ``read_only=True`` (the operator commands that only read: ``tritask
+  tasks list|show|stats``) takes no file lock and writes nothing: a ``mode=ro`` connection, no
+  migration, no boot epoch, no TEMP objects. It can read a file that a ``tritask serve`` holds
+  exclusively (WAL readers never block its writer, and it sees each committed transaction
+  whole), and every write operation raises :class:`ReadOnlyStore`. It refuses a file whose
+  schema is older than this code (``tritask migrate`` first): it would not migrate it.
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ import os
 import sqlite3
 import sys
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable
 from types import TracebackType
@@ -259,6 +266,10 @@ _CLEAR_CLAIM = (
 
 class StoreLocked(StoreError):
     """Another process holds the store file's lock in a conflicting mode."""
+
+
+class ReadOnlyStore(StoreError):
+    """A write was asked of a store opened with ``read_only=True``."""
 
 
 @attrs.frozen
@@ -468,7 +479,9 @@ class SqliteStore:
     application crashes), ``busy_timeout_ms`` (how long a write waits for another process's
     writer), ``reap_batch_size`` (aggregates deleted per :meth:`reap`), ``create`` (``False``:
     open only an existing store, never make one, e.g. for the operator commands, which must
-    not leave a new database behind a mistyped path).
+    not leave a new database behind a mistyped path), ``read_only`` (read without a lock and
+    without writing anything, beside a server that holds the file exclusively; implies
+    ``create=False``, excludes ``exclusive``).
     """
 
     def __init__(
@@ -484,11 +497,17 @@ class SqliteStore:
         max_active_tasks_per_scope: int | None = 100,
         reap_batch_size: int = 500,
         create: bool = True,
+        read_only: bool = False,
     ) -> None:
         self._path = _database_path(path)
         if not isinstance(create, bool):
             raise TypeError("create must be a bool")
-        self._create = create
+        if not isinstance(read_only, bool):
+            raise TypeError("read_only must be a bool")
+        if read_only and exclusive:
+            raise ValueError("a read-only store cannot be exclusive (it takes no lock)")
+        self._read_only = read_only
+        self._create = create and not read_only
         self._scope = require_scope(scope, store="SqliteStore")
         if clock is not None and not callable(clock):
             raise TypeError("clock must be None (the database clock) or a callable returning µs")
@@ -517,7 +536,7 @@ class SqliteStore:
         self._id = ""
 
     def __repr__(self) -> str:
-        mode = "exclusive" if self._exclusive else "shared"
+        mode = "read-only" if self._read_only else "exclusive" if self._exclusive else "shared"
         return f"<SqliteStore {self._path!r} {mode} {self._state} epoch={self._epoch}>"
 
     @property
@@ -557,6 +576,8 @@ class SqliteStore:
         return f"sqlite:{self._store_uuid}/{epoch}"
 
     def _open_sync(self) -> tuple[sqlite3.Connection, int | None, schema.SchemaInfo]:
+        if self._read_only:
+            return self._open_read_only_sync()
         if not self._create and not os.path.isfile(self._path):
             raise schema.StoreSchemaError(f"no tritask store at {self._path!r}: no such file")
         lock_fd = _lock_file(self._path, exclusive=self._exclusive)
@@ -589,6 +610,36 @@ class SqliteStore:
             return conn, lock_fd, info
         except BaseException:
             _close(conn, lock_fd)
+            raise
+
+    def _open_read_only_sync(self) -> tuple[sqlite3.Connection, None, schema.SchemaInfo]:
+        """A ``mode=ro`` connection: no lock, no migration, no epoch, nothing written."""
+        if not os.path.isfile(self._path):
+            raise schema.StoreSchemaError(f"no tritask store at {self._path!r}: no such file")
+        uri = "file:" + urllib.parse.quote(self._path) + "?mode=ro"
+        conn = sqlite3.connect(
+            uri,
+            uri=True,
+            timeout=self._busy_timeout_ms / 1000,
+            isolation_level=None,
+            check_same_thread=False,
+        )
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+            info = schema.inspect(conn, self._path)
+            if info is None:
+                raise schema.StoreSchemaError(
+                    f"no tritask store at {self._path!r}: the file is an empty database"
+                )
+            if info.version != schema.SCHEMA_VERSION:
+                raise schema.StoreSchemaError(
+                    f"{self._path!r} has schema version {info.version}, older than this "
+                    f"tritask_sqlite ({schema.SCHEMA_VERSION}); a read-only open does not "
+                    f"migrate: run tritask migrate --store sqlite:{self._path} first"
+                )
+            return conn, None, info
+        except BaseException:
+            conn.close()
             raise
 
     def _enter_wal(self, conn: sqlite3.Connection) -> object:
@@ -662,6 +713,8 @@ class SqliteStore:
         with the operations queued beside it, in a savepoint of its own unless ``single``
         (it runs at most one writing statement, which SQLite undoes alone if it fails)."""
         self._ensure_open()
+        if write and self._read_only:
+            raise ReadOnlyStore(f"{self._path!r} was opened read-only; this operation writes")
         assert self._lane is not None
         try:
             return await self._lane.run(

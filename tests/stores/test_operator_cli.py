@@ -280,7 +280,10 @@ async def test_sqlite_refusals_leave_no_file_behind(tmp_path: Path) -> None:
     assert not missing.exists()
     path = tmp_path / "served.db"
     async with SqliteStore(path, scope="shared", exclusive=True):  # what tritask serve holds
-        locked = await tritask("tasks", "list", "--store", f"sqlite:{path}")
+        # Reading opens the file read-only beside its holder; writing needs it.
+        listed = await tritask("tasks", "list", "--store", f"sqlite:{path}")
+        locked = await tritask("tasks", "cancel", "t1", "--store", f"sqlite:{path}")
+    assert (listed.returncode, listed.stdout.decode()) == (0, "no tasks match\n")
     assert locked.returncode == 1
     assert "is locked by another process" in locked.stderr.decode()
     unknown = await tritask("tasks", "list", "--store", "nosuch:thing")

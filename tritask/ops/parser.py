@@ -43,9 +43,15 @@ _OPERATOR_OPTIONS: dict[str, dict[str, Any]] = {
     "postgresql": {"pool_size": 2},
     "postgres": {"pool_size": 2},
 }
+_READ_ONLY_OPTIONS: dict[str, dict[str, Any]] = {
+    # Read beside a running `tritask serve`, which holds the file exclusively: no lock, no
+    # migration, no boot epoch, nothing written (tritask_sqlite's read_only opener).
+    "sqlite": {"exclusive": False, "read_only": True},
+}
 """Options of the built-in stores for an operator's process; other stores get only the
 scope. The scope does not matter: operator reads span scopes, and a cancellation uses an
-access in the task's own scope."""
+access in the task's own scope. Commands that only read (list, show, stats) open with
+``_READ_ONLY_OPTIONS`` where a store has them."""
 
 _STATUS_GROUPS: dict[str, frozenset[TaskStatus]] = {
     "active": frozenset({TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED}),
@@ -57,9 +63,14 @@ _DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d)?")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, None: 1000}
 
 
-def open_operator_store(url: str) -> Store:
-    """The store behind ``url``, opened as an operator's process needs it (enter it)."""
-    options: dict[str, Any] = {"scope": "shared", **_OPERATOR_OPTIONS.get(store_scheme(url), {})}
+def open_operator_store(url: str, *, writes: bool = True) -> Store:
+    """The store behind ``url``, opened as an operator's process needs it (enter it).
+
+    ``writes=False`` (the read-only commands) opens a SQLite file read-only, so it can be read
+    while a server holds it."""
+    scheme = store_scheme(url)
+    chosen = _OPERATOR_OPTIONS if writes else {**_OPERATOR_OPTIONS, **_READ_ONLY_OPTIONS}
+    options: dict[str, Any] = {"scope": "shared", **chosen.get(scheme, {})}
     return open_store(url, **options)
 
 
@@ -130,7 +141,7 @@ def _run(args: argparse.Namespace) -> int:
     operation: Operation = args.operation
 
     async def main() -> int:
-        store = open_operator_store(args.store)
+        store = open_operator_store(args.store, writes=args.writes)
         async with store:
             ops.operator_store(store)  # refuse a store without the capability first
             return await operation(args, store)
@@ -299,13 +310,13 @@ def add_operator_commands(
     )
     listing.add_argument("--limit", type=_limit, default=100, help="at most this many (100)")
     listing.add_argument("--all", action="store_true", help="every matching task, page by page")
-    listing.set_defaults(handler=_run, operation=_list)
+    listing.set_defaults(handler=_run, operation=_list, writes=False)
 
     show = commands.add_parser(
         "show", parents=[store], help="one task: record, lease, retries, input keys, ledger"
     )
     show.add_argument("task_id", type=_task_id, metavar="ID", help=_ID_HELP)
-    show.set_defaults(handler=_run, operation=_show)
+    show.set_defaults(handler=_run, operation=_show, writes=False)
 
     cancel = commands.add_parser(
         "cancel",
@@ -314,7 +325,7 @@ def add_operator_commands(
         "cancelled)",
     )
     cancel.add_argument("task_id", type=_task_id, metavar="ID", help=_ID_HELP)
-    cancel.set_defaults(handler=_run, operation=_cancel)
+    cancel.set_defaults(handler=_run, operation=_cancel, writes=True)
 
     stats = commands.add_parser(
         "stats",
@@ -328,11 +339,11 @@ def add_operator_commands(
         metavar="DURATION",
         help="count live leases ending within this (default 10s)",
     )
-    stats.set_defaults(handler=_run, operation=_stats)
+    stats.set_defaults(handler=_run, operation=_stats, writes=False)
 
     reap = subparsers.add_parser(
         "reap",
         parents=[store],
         help="delete every task past its TTL (writes; runners also reap on their own)",
     )
-    reap.set_defaults(handler=_run, operation=_reap)
+    reap.set_defaults(handler=_run, operation=_reap, writes=True)
