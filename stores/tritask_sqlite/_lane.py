@@ -59,6 +59,7 @@ import collections
 import contextlib
 import copy
 import functools
+import logging
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
@@ -77,6 +78,8 @@ DEFAULT_LINGER: Final = 0.005
 #: Operations at most in one batch (one transaction, one commit).
 DEFAULT_MAX_BATCH: Final = 64
 #: SQLite virtual-machine steps between two checks of the running operation's interrupt.
+log = logging.getLogger("tritask_sqlite")
+
 PROGRESS_STEPS: Final = 1000
 
 Kind = Literal["write", "read", "alone"]
@@ -93,6 +96,7 @@ class _Op:
     result: outcome.Outcome[Any] | None = None
     interrupted: bool = False
     wake: trio.Event = attrs.field(factory=trio.Event)
+    committed: Callable[[Any], None] | None = None
 
     def done(self) -> bool:
         return self.state == "done"
@@ -155,16 +159,24 @@ class Lane:
             await self._idle.wait()
 
     async def run(
-        self, fn: Callable[[sqlite3.Connection], T], *, kind: Kind = "alone", atomic: bool = False
+        self,
+        fn: Callable[[sqlite3.Connection], T],
+        *,
+        kind: Kind = "alone",
+        atomic: bool = False,
+        committed: Callable[[T], None] | None = None,
     ) -> T:
         """Run ``fn(connection)``; its result (or exception) once it is committed.
 
         ``kind="write"``: ``fn`` writes inside the batch's transaction (in a savepoint of its
         own unless ``atomic``: it runs at most one writing statement); ``"read"``: it only
-        reads; ``"alone"``: outside any batch, managing its own transaction.
+        reads; ``"alone"``: outside any batch, managing its own transaction. ``committed``
+        is called with a successful result in the trio thread once it is committed, before
+        any caller of its batch is woken, in the order the operations ran (even when the
+        caller was cancelled meanwhile); it must not raise or block.
         """
         await trio.lowlevel.checkpoint_if_cancelled()  # cancelled already: run nothing
-        op = _Op(fn, kind, atomic)
+        op = _Op(fn, kind, atomic, committed=committed)
         with self._mutex:
             self._queue.append(op)
             start = not self._hopping
@@ -418,6 +430,12 @@ def _own_error(failure: outcome.Outcome[Any] | None) -> outcome.Outcome[Any]:
 
 
 def _wake_all(ops: list[_Op]) -> None:
+    for op in ops:
+        if op.committed is not None and isinstance(op.result, outcome.Value):
+            try:
+                op.committed(op.result.value)
+            except Exception:  # pragma: no cover - a hook must not keep callers asleep
+                log.exception("a lane commit hook failed")
     for op in ops:
         op.wake.set()
 

@@ -74,7 +74,7 @@ import sys
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from types import TracebackType
 from typing import Any, Final, Literal, Self, TypeVar, final
 
@@ -83,6 +83,7 @@ import trio
 
 from tritask.jsonrpc import loads
 from tritask.tasks._time import MAX_INSTANT, Clock, format_instant
+from tritask.tasks.changes import ChangeFeed, TaskChange
 from tritask.tasks.events import Event, effects_to_json
 from tritask.tasks.model import (
     CorruptRecord,
@@ -534,6 +535,7 @@ class SqliteStore:
         self._store_uuid = ""
         self._epoch = 0
         self._id = ""
+        self._feed = ChangeFeed()
 
     def __repr__(self) -> str:
         mode = "read-only" if self._read_only else "exclusive" if self._exclusive else "shared"
@@ -666,6 +668,7 @@ class SqliteStore:
             await trio.lowlevel.checkpoint()
             return
         self._state = "closed"
+        self._feed.close()
         with trio.CancelScope(shield=True):
             async with self._lock:
                 if self._lane is not None:
@@ -707,7 +710,12 @@ class SqliteStore:
         return await self._lane.run(fn)
 
     async def _transact(
-        self, body: Callable[[sqlite3.Connection, int], T], *, write: bool, single: bool = False
+        self,
+        body: Callable[[sqlite3.Connection, int], T],
+        *,
+        write: bool,
+        single: bool = False,
+        announce: bool = False,
     ) -> T:
         """``body(conn, now)`` in the lane's group transaction (see :mod:`._lane`): committed
         with the operations queued beside it, in a savepoint of its own unless ``single``
@@ -721,11 +729,23 @@ class SqliteStore:
                 functools.partial(self._operation, body),
                 kind="write" if write else "read",
                 atomic=single,
+                committed=self._announce if announce else None,
             )
         except sqlite3.OperationalError as exc:
             if _is_busy(exc):
                 raise DatabaseBusy(f"the database stayed locked by another writer: {exc}") from exc
             raise
+
+    def _announce(self, result: object) -> None:
+        """A transition's result, in the trio thread once its batch has committed and before
+        any caller of the batch is woken, in commit order: an applied event is a change."""
+        if isinstance(result, Transition) and result.outcome == "applied":
+            self._feed.announce_snapshot(result.snapshot)
+
+    def changes(self) -> AsyncGenerator[TaskChange, None]:
+        """Every change committed through this store object from now on (``OffersChanges``),
+        in commit order: other processes on the same file are not heard."""
+        return self._feed.changes()
 
     def _operation(
         self, body: Callable[[sqlite3.Connection, int], T], conn: sqlite3.Connection
@@ -1293,7 +1313,7 @@ class SqliteStore:
                 event_text=event_text,
             )
 
-        return await self._transact(body, write=True)
+        return await self._transact(body, write=True, announce=True)
 
     async def settle(
         self, task_id: str, expected_revision: int, event: Event, lease: Lease
@@ -1333,7 +1353,7 @@ class SqliteStore:
             )
 
         if planned is None:
-            return await self._transact(body, write=True)
+            return await self._transact(body, write=True, announce=True)
 
         def planned_first(conn: sqlite3.Connection, now: int) -> Transition | Conflict | NotFound:
             # In the batch's transaction: the planned write is one statement (the operation is
@@ -1345,7 +1365,7 @@ class SqliteStore:
                 return planned.transition
             return savepoint(conn, lambda: body(conn, now))
 
-        return await self._transact(planned_first, write=True, single=True)
+        return await self._transact(planned_first, write=True, single=True, announce=True)
 
     def _released_replay(
         self, conn: sqlite3.Connection, row: _Row, lease: object, event: Event, event_json: str
@@ -1524,7 +1544,9 @@ class SqliteStore:
             )
             return reaped
 
-        return await self._transact(body, write=True)
+        reaped = await self._transact(body, write=True)
+        self._feed.announce_reaped(reaped)
+        return reaped
 
     # -- audit --------------------------------------------------------------------------------
 

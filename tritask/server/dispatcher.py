@@ -425,10 +425,10 @@ class Dispatcher:
         tag = {SUBSCRIPTION_ID_KEY: subscription_id}
         subscription = self.app.hub.open(accepted)
         try:
-            await ctx.send_notification(
-                "notifications/subscriptions/acknowledged",
-                {"_meta": dict(tag), "notifications": accepted},
-            )
+            acknowledged = {"_meta": dict(tag), "notifications": dict(accepted)}
+            for extension in self.app.extensions.values():
+                extension.subscription_opened(subscription, ctx)
+            await ctx.send_notification("notifications/subscriptions/acknowledged", acknowledged)
             for extension in self.app.extensions.values():
                 for method, snapshot_params in await extension.subscription_snapshot(accepted, ctx):
                     snapshot_meta = snapshot_params.get("_meta")
@@ -436,7 +436,13 @@ class Dispatcher:
                     merged_meta.update(tag)
                     await ctx.send_notification(method, {**snapshot_params, "_meta": merged_meta})
             async for event in subscription:
-                event_params = dict(event.params)
+                if event.render is not None:
+                    rendered = await event.render(subscription, ctx)
+                    if rendered is None:
+                        continue
+                    event_params = dict(rendered)
+                else:
+                    event_params = dict(event.params)
                 event_meta = event_params.get("_meta")
                 merged = dict(event_meta) if isinstance(event_meta, dict) else {}
                 merged.update(tag)

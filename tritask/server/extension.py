@@ -18,6 +18,7 @@ from tritask.jsonrpc import InvalidParams, JSONValue
 if TYPE_CHECKING:
     from tritask.server.app import App, ToolDef
     from tritask.server.context import Context
+    from tritask.server.hub import Subscription
     from tritask.server.session import Session
 
 MethodHandler = Callable[[dict[str, JSONValue], "Context"], Awaitable[dict[str, JSONValue]]]
@@ -131,6 +132,14 @@ class Extension:
     ) -> list[tuple[str, dict[str, JSONValue]]]:
         """Notifications sent right after the acknowledgement (current state, so no gap)."""
         return []
+
+    def subscription_opened(self, subscription: Subscription, ctx: Context) -> None:
+        """A listen stream was just registered with the hub, before its acknowledgement.
+
+        Events pushed now (``subscription.push``) are sent right after the acknowledgement,
+        ahead of anything published later; ``subscription.state`` is the stream's own
+        scratch space (the Tasks extension queues each watched task's current state here).
+        """
 
     # -- the initialize era (2025-06-18, 2025-11-25) ----------------------------------------
 

@@ -395,7 +395,7 @@ class LegacyDispatcher:
         }
         accepted["resourceSubscriptions"] = session.resource_subscriptions
         accepted.update(session.standalone_filter)
-        subscription = self.app.hub.open(accepted)
+        subscription = self.app.hub.open(accepted, live=True)
         task_status.started()
         try:
             async for event in subscription:

@@ -10,6 +10,7 @@ legacy hooks, rendered by :mod:`tritask.tasks.legacy`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -34,8 +35,10 @@ from tritask.server.extension import (
     ServeEnvironment,
     ToolCall,
 )
+from tritask.server.hub import Hub, Subscription
 from tritask.server.results import RetryLater
 from tritask.server.session import Session
+from tritask.tasks.changes import TaskChange
 from tritask.tasks.executor import (
     Completed,
     ExecutionToken,
@@ -72,6 +75,7 @@ CONTINUATION: Final = (
     "Task worker returned a continuation; use ctx.await_input or finish MRTR before creating a task"
 )
 TASK_METHODS: Final = frozenset({"tasks/get", "tasks/update", "tasks/cancel"})
+_READ_ATTEMPTS: Final = 4
 
 Mode = Literal["sync", "optional", "required"]
 
@@ -130,6 +134,11 @@ _TASK_SUPPORT: Final[dict[Mode, TaskSupport]] = {
     "optional": "optional",
     "required": "required",
 }
+
+
+def _watching(subscription: Subscription, task_id: str) -> bool:
+    ids = subscription.accepted.get("taskIds")
+    return isinstance(ids, list) and task_id in ids
 
 
 def _only(error: BaseException, kind: type[Exception]) -> bool:
@@ -356,19 +365,145 @@ class Tasks(Extension):
 
     def _wire(self, app: App, runner: Runner) -> Callable[[], None]:
         runner.set_default_executor(ToolCallExecutor(app))
-        return runner.subscribe(self._publish)
+        unsubscribe = runner.subscribe(self.legacy.observe)
+        unwatch = runner.watch(self._on_change)
+
+        def unwire() -> None:
+            unsubscribe()
+            unwatch()
+
+        return unwire
 
     @property
     def app(self) -> App | None:
         return self._app
 
-    def _publish(self, snapshot: Snapshot) -> None:
-        # Nobody listening (the usual case): don't build a notification nobody receives.
-        if self._app is not None and self._app.hub.subscriber_count:
-            self._app.hub.publish(
-                "notifications/tasks", detailed_task(snapshot.task), {"taskIds": [snapshot.task.id]}
-            )
-        self.legacy.observe(snapshot)
+    # -- push: notifications/tasks on listen streams ---------------------------------------
+
+    def _on_change(self, change: TaskChange) -> None:
+        """A committed change of some task (from the runner's :meth:`Runner.watch`): queue it
+        on every listen stream watching that task. Never blocks: each stream renders it in its
+        own task, with its own access (:meth:`_render`)."""
+        app = self._app
+        if app is None or not app.hub.subscriber_count:
+            return  # nobody listening (the usual case): build nothing
+        hub = app.hub
+        if change.kind == "resync":
+            # Changes may have been lost: every watched task is read again by its streams.
+            for task_id in hub.entries("taskIds"):
+                self._publish_task(hub, task_id, None)
+        elif change.task_id is not None:
+            self._publish_task(hub, change.task_id, change)
+
+    def _publish_task(self, hub: Hub, task_id: str, change: TaskChange | None) -> None:
+        memo: dict[tuple[str, str], Snapshot | None] = {}
+
+        async def render(subscription: Subscription, ctx: Any) -> dict[str, JSONValue] | None:
+            return await self._render(task_id, change, memo, subscription, ctx)
+
+        hub.publish(
+            "notifications/tasks",
+            {},
+            {"taskIds": [task_id]},
+            key=("notifications/tasks", task_id),
+            render=render,
+        )
+
+    def subscription_opened(self, subscription: Subscription, ctx: Context) -> None:
+        """Queue each watched task's current state: the first thing the stream sends after
+        its acknowledgement (read when sent, so no change committed meanwhile is missed)."""
+        ids = subscription.accepted.get("taskIds")
+        if not isinstance(ids, list):
+            return
+        subscription.state[EXTENSION_ID] = {}
+        for task_id in ids:
+            if isinstance(task_id, str):
+                memo: dict[tuple[str, str], Snapshot | None] = {}
+                subscription.push(
+                    "notifications/tasks",
+                    {},
+                    key=("notifications/tasks", task_id),
+                    render=functools.partial(self._render, task_id, None, memo),
+                )
+
+    async def _render(
+        self,
+        task_id: str,
+        change: TaskChange | None,
+        memo: dict[tuple[str, str], Snapshot | None],
+        subscription: Subscription,
+        ctx: Any,
+    ) -> dict[str, JSONValue] | None:
+        """The ``notifications/tasks`` params of ``change`` for one stream, or ``None``.
+
+        Each stream sends each task's revisions in increasing order, never one twice: the
+        revision it sent last is kept in ``subscription.state``. A change committed in this
+        process carries its task (sent as it is: every revision, in order); one heard from
+        another host (or a resync, ``change is None``) is read through the store with this
+        stream's own access, so scope and expiry rules hold, and ``memo`` shares that read
+        between the streams of one scope. A task that is gone (reaped, expired) is dropped
+        from the stream, which ends when it has nothing left to listen for.
+        """
+        if not _watching(subscription, task_id):
+            return None  # forgotten meanwhile
+        sent: dict[str, int] = subscription.state.setdefault(EXTENSION_ID, {})
+        last = sent.get(task_id, -1)
+        if change is not None and change.kind == "reaped":
+            self._forget(subscription, task_id)
+            return None
+        if change is not None and change.revision is not None and change.revision <= last:
+            return None
+        if change is not None and change.task is not None and change.revision is not None:
+            task, revision = change.task, change.revision
+        else:
+            found, gone = await self._read_retrying(task_id, memo, ctx)
+            if gone:
+                self._forget(subscription, task_id)
+                return None
+            if found is None:
+                return None
+            task, revision = found.task, found.revision
+        if revision <= sent.get(task_id, -1):
+            return None
+        sent[task_id] = revision
+        return detailed_task(task)
+
+    async def _read_retrying(
+        self, task_id: str, memo: dict[tuple[str, str], Snapshot | None], ctx: Any
+    ) -> tuple[Snapshot | None, bool]:
+        """:meth:`_read`, retried a few times when the store fails (a busy database, a lost
+        connection): the change may be the task's last, so it must not be dropped lightly."""
+        for attempt in range(_READ_ATTEMPTS):
+            try:
+                return await self._read(task_id, memo, ctx)
+            except StoreError as error:
+                if attempt + 1 == _READ_ATTEMPTS:
+                    log.warning("listen: reading task %s failed, skipped: %s", task_id, error)
+                    break
+                await trio.sleep(0.05 * 2**attempt)
+        return None, False
+
+    async def _read(
+        self, task_id: str, memo: dict[tuple[str, str], Snapshot | None], ctx: Any
+    ) -> tuple[Snapshot | None, bool]:
+        """The task through the store with ``ctx``'s access; ``(None, True)`` when it is gone."""
+        store, _ = self.parts()
+        try:
+            access = await store.authorize(ctx, Action.GET, task_id)
+        except Unauthorized:
+            return None, True
+        memo_key = (access.store_id, access.scope)
+        if memo_key in memo:
+            snapshot = memo[memo_key]
+        else:
+            found = await store.get(task_id, access)
+            snapshot = memo[memo_key] = None if isinstance(found, NotFound) else found
+        return snapshot, snapshot is None
+
+    def _forget(self, subscription: Subscription, task_id: str) -> None:
+        subscription.state.get(EXTENSION_ID, {}).pop(task_id, None)
+        if self._app is not None:
+            self._app.hub.forget(subscription, "taskIds", task_id)
 
     @asynccontextmanager
     async def lifespan(self, app: App, env: ServeEnvironment) -> AsyncIterator[None]:
@@ -650,19 +785,6 @@ class Tasks(Extension):
                 )
         visible = [task_id for task_id in dict.fromkeys(ids) if await self._visible(task_id, ctx)]
         return {"taskIds": visible} if visible else {}
-
-    async def subscription_snapshot(
-        self, accepted: Mapping[str, JSONValue], ctx: Context
-    ) -> list[tuple[str, dict[str, JSONValue]]]:
-        ids = accepted.get("taskIds")
-        if not isinstance(ids, list):
-            return []
-        frames: list[tuple[str, dict[str, JSONValue]]] = []
-        for task_id in ids:
-            snapshot = await self.lookup(task_id, ctx, Action.GET)
-            if snapshot is not None:
-                frames.append(("notifications/tasks", detailed_task(snapshot.task)))
-        return frames
 
     async def _visible(self, task_id: str, ctx: Context) -> bool:
         return await self.lookup(task_id, ctx, Action.GET) is not None

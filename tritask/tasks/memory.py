@@ -19,6 +19,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import secrets
+from collections.abc import AsyncGenerator
 from types import TracebackType
 from typing import Any, Self
 
@@ -26,12 +27,14 @@ import attrs
 import trio
 
 from tritask.tasks._time import Clock, system_clock
+from tritask.tasks.changes import ChangeFeed, TaskChange
 from tritask.tasks.events import Effects, Event
 from tritask.tasks.model import (
     CorruptRecord,
     Snapshot,
     Task,
     clone_snapshot,
+    clone_task,
     initial_snapshot,
     owned_task,
     owned_work,
@@ -174,6 +177,7 @@ class MemoryStore:
         self._expiry: list[tuple[int, str, int]] = []
         self._serials = itertools.count(1)
         self._closed = False
+        self._feed = ChangeFeed()
 
     def __repr__(self) -> str:
         return f"<MemoryStore tasks={len(self._entries)}>"
@@ -183,6 +187,12 @@ class MemoryStore:
     async def aclose(self) -> None:
         await trio.lowlevel.checkpoint()
         self._closed = True
+        self._feed.close()
+
+    def changes(self) -> AsyncGenerator[TaskChange, None]:
+        """Every change committed through this store from now on (``OffersChanges``): each
+        applied transition with its snapshot, in commit order, and each reaped task."""
+        return self._feed.changes()
 
     async def __aenter__(self) -> Self:
         return self
@@ -521,6 +531,9 @@ class MemoryStore:
         if was_active and not entry.active:
             self._deactivate(entry.scope)
         self._reschedule(entry, now)
+        if self._feed.active:
+            snapshot = outcome.snapshot
+            self._feed.announce(TaskChange.of(snapshot, clone_task(snapshot.task)))
         return Transition(
             outcome="applied",
             snapshot=clone_snapshot(outcome.snapshot),
@@ -543,7 +556,9 @@ class MemoryStore:
             if entry.active:
                 self._deactivate(entry.scope)
             reaped.append(task_id)
-        return sorted(reaped)
+        reaped.sort()
+        self._feed.announce_reaped(reaped)
+        return reaped
 
     # -- audit --------------------------------------------------------------------------------
 

@@ -503,6 +503,11 @@ def clone_snapshot(snapshot: Snapshot) -> Snapshot:
     )
 
 
+def clone_task(task: Task) -> Task:
+    """:func:`clone_snapshot` for the task alone (its public state: what clients are shown)."""
+    return _clone(task, _TASK_JSON)
+
+
 def _clone(record: _Record, json_fields: frozenset[str], **given: Any) -> _Record:
     """``record`` rebuilt field by field: JSON fields deep-copied, the rest shared (immutable)."""
     new = object.__new__(type(record))

@@ -31,6 +31,7 @@ import trio
 from tritask._groups import is_lone
 from tritask.protocol.capabilities import require_input_request
 from tritask.tasks import instrumentation as ins
+from tritask.tasks.changes import TaskChange
 from tritask.tasks.events import (
     MAX_STEP_OUTCOME_BYTES,
     Event,
@@ -84,6 +85,7 @@ from tritask.tasks.store import (
     Store,
     Transition,
     WorkerAuthority,
+    offers_changes,
     renews_leases,
     settles,
     stamps_creation,
@@ -105,6 +107,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tritask.runner")
 
 Listener = Callable[[Snapshot], None]
+ChangeListener = Callable[[TaskChange], None]
 Source = Literal["request", "recovery", "retry"]
 
 EXECUTOR_FAILED = "Durable task executor failed"
@@ -303,6 +306,10 @@ class Runner:
         self._retry_scopes: dict[str, trio.CancelScope] = {}
         self._awaiting_slot: deque[str] = deque()
         self._listeners: list[Listener] = []
+        self._watchers: list[ChangeListener] = []
+        # Whether watchers hear the store's own feed (every writer, every host) rather than
+        # this runner's transitions: decided when the runner starts.
+        self._store_changes = offers_changes(store)
         self._nursery: trio.Nursery | None = None
         self._stopping = trio.Event()
         self._recover_soon = trio.Event()
@@ -335,6 +342,9 @@ class Runner:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                if self._store_changes:
+                    # Registered with the store's feed before anything can commit.
+                    await nursery.start(self._changes_loop)
                 if self.recover:
                     nursery.start_soon(self._recovery_loop)
                 if isinstance(self.store, OffersWakeups):
@@ -413,6 +423,17 @@ class Runner:
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener) if listener in self._listeners else None
 
+    def watch(self, listener: ChangeListener) -> Callable[[], None]:
+        """Call ``listener(change)`` for every committed change of the store's tasks.
+
+        With a store that offers ``changes()`` (:class:`~tritask.tasks.store.OffersChanges`)
+        these are the store's own: every writer's, on every host, and ``resync`` whenever some
+        may have been lost. Otherwise they are the transitions this runner applies and the
+        tasks it reaps. Listeners run synchronously in the runner and must not block.
+        """
+        self._watchers.append(listener)
+        return lambda: self._watchers.remove(listener) if listener in self._watchers else None
+
     def set_default_executor(self, executor: WorkExecutor, state: Any = None) -> None:
         """Install an executor unless the application configured one (used by extensions)."""
         if self.executor is None:
@@ -435,6 +456,15 @@ class Runner:
                 listener(snapshot)
             except Exception:
                 log.exception("task listener failed")
+        if self._watchers and not self._store_changes:
+            self._announce(TaskChange.of(snapshot))
+
+    def _announce(self, change: TaskChange) -> None:
+        for listener in list(self._watchers):
+            try:
+                listener(change)
+            except Exception:
+                log.exception("task change listener failed")
 
     async def _transition(
         self,
@@ -1523,6 +1553,36 @@ class Runner:
                 log.exception("the store's wake-up stream failed; polling until it is back")
                 await trio.sleep(self.recovery_interval_ms / 1000)
 
+    async def _changes_loop(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Hand the store's changes to the watchers (see :meth:`watch`); restart on failure.
+
+        A restarted iteration begins with ``resync``, so watchers re-read what they watch.
+        """
+        assert offers_changes(self.store)
+        started = False
+        while True:
+            try:
+                async with contextlib.aclosing(self.store.changes()) as stream:
+                    async for change in stream:
+                        if not started:  # the first item (resync): the feed is registered
+                            task_status.started()
+                            started = True
+                        if isinstance(change, TaskChange):
+                            self._announce(change)
+                return
+            except Exception:
+                log.exception("the store's change stream failed; restarting it")
+                if not started:
+                    task_status.started()
+                    started = True
+                await trio.sleep(self.recovery_interval_ms / 1000)
+            finally:
+                if not started:
+                    task_status.started()
+                    started = True
+
     async def _on_wakeup(self, wakeup: Any) -> None:
         kind = str(getattr(wakeup, "kind", ""))
         task_id = getattr(wakeup, "task_id", None)
@@ -1583,6 +1643,9 @@ class Runner:
         reaped = await self.store.reap()
         if reaped:
             self._emit(ins.TASKS_REAPED, {"count": len(reaped)}, {})
+            if self._watchers and not self._store_changes:
+                for task_id in reaped:
+                    self._announce(TaskChange("reaped", task_id))
         for task_id in reaped:
             await self._abandon(task_id, "expired")
         return reaped

@@ -79,6 +79,7 @@ __all__ = [
     "LedgerEntry",
     "ListsTasks",
     "NotFound",
+    "OffersChanges",
     "Renewed",
     "RenewsLeases",
     "RequestAuthority",
@@ -114,6 +115,7 @@ __all__ = [
     "listing_page",
     "lists_tasks",
     "new_access",
+    "offers_changes",
     "renews_leases",
     "require_scope",
     "resolve_scope",
@@ -744,6 +746,29 @@ class OffersWakeups(Protocol):
 
 
 @runtime_checkable
+class OffersChanges(Protocol):
+    """A store that announces every committed change of its tasks, by any writer on any host.
+
+    ``changes()`` returns an async iterator of :class:`~tritask.tasks.changes.TaskChange`: one
+    ``changed`` (task id, revision, status) for every applied transition or settle, one
+    ``reaped`` for every task ``reap`` deleted, and ``resync`` first and whenever changes may
+    have been lost (a reconnect, an iteration that fell behind its bounded buffer). A change
+    committed through this store object carries the committed snapshot; one heard from
+    elsewhere (PostgreSQL ``NOTIFY``) does not, and whoever renders it reads the task through
+    the store with its own access, so scope rules hold. Changes of one task committed by one
+    store object arrive in revision order; changes heard from elsewhere may interleave with
+    them, so consumers keep the highest revision they rendered and skip anything older.
+
+    The runner consumes it and hands each change to :meth:`Runner.watch` callbacks (the Tasks
+    extension pushes ``notifications/tasks`` from them). Without it, listeners hear only of
+    the transitions their own runner applies. Detected on the store's class
+    (:func:`offers_changes`), for the reason given under :class:`Settles`.
+    """
+
+    def changes(self) -> AsyncGenerator[Any, None]: ...
+
+
+@runtime_checkable
 class Settles(Protocol):
     """A store that can apply an attempt's final worker event and release its claim atomically.
 
@@ -848,6 +873,11 @@ class RenewsLeases(Protocol):
 
 def _class_offers(store: object, name: str) -> bool:
     return callable(getattr(type(store), name, None))
+
+
+def offers_changes(store: object) -> TypeGuard[OffersChanges]:
+    """Whether ``store``'s class offers :class:`OffersChanges`."""
+    return _class_offers(store, "changes")
 
 
 def settles(store: object) -> TypeGuard[Settles]:

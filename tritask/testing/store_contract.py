@@ -44,6 +44,7 @@ import pytest
 import trio
 
 from tritask.tasks._time import format_instant
+from tritask.tasks.changes import TaskChange
 from tritask.tasks.events import Effects, Event, EventKind, RetryEffect, derived_event_id
 from tritask.tasks.model import Snapshot, TaskStatus, new_task
 from tritask.tasks.store import (
@@ -81,6 +82,7 @@ from tritask.tasks.store import (
     UnauthorizedAction,
     WorkerAuthority,
     lists_tasks,
+    offers_changes,
     renews_leases,
     settles,
     stamps_creation,
@@ -877,6 +879,65 @@ class StoreContract:
             snapshot = await store.get("t-forever", forever)
             assert isinstance(snapshot, Snapshot)
             assert snapshot.task.ttl_ms is None
+
+    async def test_changes_announce_every_applied_commit_and_every_reap(self) -> None:
+        """``OffersChanges``: one ``changed`` per applied transition or settle, in order, with
+        the committed task for commits through this store object; ``reaped`` per reaped task;
+        nothing for creation, refusals, conflicts, unchanged or duplicate outcomes."""
+        async with self.store() as store:
+            feed = store if offers_changes(store) else None
+            if feed is None:
+                pytest.skip("the store does not offer changes")
+            stream = feed.changes()
+
+            async def next_change() -> TaskChange:
+                with trio.fail_after(10):
+                    while True:
+                        change = await anext(stream)
+                        assert isinstance(change, TaskChange)
+                        if change.kind != "resync":  # may come at any time (a reconnect)
+                            return change
+
+            try:
+                with trio.fail_after(10):
+                    first = await anext(stream)
+                assert first == TaskChange("resync", None)
+                await self.create(store, "task-1", ttl_ms=5_000)
+                lease = await self.claimed(store, "task-1")
+                worker = WorkerAuthority(lease)
+                asked = await self.applied(
+                    store, "task-1", 0, Event.input_requested("k", ASK), worker
+                )
+                conflict = await store.transition("task-1", 0, Event.completed({}), worker)
+                assert isinstance(conflict, Conflict)
+                update = await self.request(store, A, Action.UPDATE, "task-1")
+                answer = Event.input_responses_accepted({"k": {"action": "accept"}})
+                await self.applied(store, "task-1", 1, answer, update)
+                replay = await store.transition("task-1", 1, answer, update)
+                assert isinstance(replay, Transition) and replay.outcome == "duplicate"
+                done = Event.completed({"ok": True})
+                settling = store if settles(store) else None
+                if settling is not None:
+                    final = await settling.settle("task-1", 2, done, lease)
+                else:
+                    final = await store.transition("task-1", 2, done, worker)
+                assert isinstance(final, Transition) and final.outcome == "applied"
+                seen = [await next_change() for _ in range(3)]
+                assert [(c.kind, c.task_id, c.revision, c.status) for c in seen] == [
+                    ("changed", "task-1", 1, TaskStatus.INPUT_REQUIRED),
+                    ("changed", "task-1", 2, TaskStatus.WORKING),
+                    ("changed", "task-1", 3, TaskStatus.COMPLETED),
+                ]
+                assert seen[0].task == asked.snapshot.task
+                assert seen[2].task == final.snapshot.task
+                cancel = await self.request(store, A, Action.CANCEL, "task-1")
+                late = await store.transition("task-1", 3, Event.cancelled(), cancel)
+                assert isinstance(late, Transition) and late.outcome == "unchanged"
+                await self.advance(5_000)
+                assert await store.reap() == ["task-1"]
+                assert await next_change() == TaskChange("reaped", "task-1")
+            finally:
+                await stream.aclose()
 
     async def test_unknown_task_is_not_found(self) -> None:
         async with self.store() as store:
