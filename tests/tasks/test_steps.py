@@ -692,3 +692,81 @@ async def test_waiting_for_input_suspends_and_an_answer_resumes_the_task(
     ]
     stops = await wait_stops(env.events, task_id, 2)
     assert [md["outcome"] for md in stops] == ["suspended", "completed"]
+
+
+async def test_an_answer_through_another_runner_resumes_a_task_suspended_for_input(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Runner A suspends the task; the answer reaches the store through runner B (another
+    host, no recovery loop): B claims the task at once and the replay gets the answer."""
+    store = MemoryStore(scope="shared", clock=TrioClock(START_US))
+    runs: list[int] = []
+
+    async def load() -> int:
+        runs.append(1)
+        return 41
+
+    async def script(work: Work, token: ExecutionToken) -> Any:
+        value = await token.step("load", load)
+        answer = await token.await_input("confirm", {"method": "elicitation/create"})
+        return done([value, answer, token.recovered])
+
+    first, first_events = make_runner(store, script, suspend_input_after_ms=1_000)
+    second, second_events = make_runner(store, script)
+    async with first, second:
+        await create_raw(store, first, "t1")
+        await trio.sleep(1.5)
+        assert first.active_task_ids() == [] == second.active_task_ids()
+        snapshot = await raw_snapshot(store, "t1")
+        assert isinstance(snapshot, Snapshot)
+        assert snapshot.suspended_key == "confirm"
+        access = await store.authorize(ANONYMOUS, Action.UPDATE, "t1")
+        answered = await second.update("t1", {"confirm": {"action": "accept"}}, access)
+        assert isinstance(answered, Snapshot)
+        assert answered.suspended_key is None and answered.available_at is None
+        snapshot = await final(store, "t1")
+    assert runs == [1]
+    assert snapshot.task.result is not None
+    assert snapshot.task.result["structuredContent"] == {"value": [41, {"action": "accept"}, False]}
+    assert [md["outcome"] for _, md in first_events.named(ins.JOB_STOP)] == ["suspended"]
+    assert [md["outcome"] for _, md in second_events.named(ins.JOB_STOP)] == ["completed"]
+
+
+async def test_max_runtime_counts_running_time_only(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """An attempt may run 5 s; the task sleeps 60 s and waits 60 s for an answer, suspended,
+    and completes: suspended time is no attempt's running time, and no retry is used."""
+    store = MemoryStore(scope="shared", clock=TrioClock(START_US))
+
+    async def script(work: Work, token: ExecutionToken) -> Any:
+        await token.sleep("cooldown", 60)
+        answer = await token.await_input("confirm", {"method": "elicitation/create"})
+        return done(answer)
+
+    runner, events = make_runner(
+        store,
+        script,
+        max_runtime_ms=5_000,
+        suspend_sleep_after_ms=1_000,
+        suspend_input_after_ms=1_000,
+    )
+    async with runner:
+        await create_raw(store, runner, "t1", work=retry_work("t1", []))
+        await trio.sleep(120)
+        snapshot = await raw_snapshot(store, "t1")
+        assert isinstance(snapshot, Snapshot)
+        assert (snapshot.task.status, snapshot.suspended_key) == (
+            TaskStatus.INPUT_REQUIRED,
+            "confirm",
+        )
+        access = await store.authorize(ANONYMOUS, Action.UPDATE, "t1")
+        await runner.update("t1", {"confirm": {"ok": True}}, access)
+        snapshot = await final(store, "t1")
+    assert snapshot.task.status is TaskStatus.COMPLETED
+    assert snapshot.retry_count == 0
+    assert [md["outcome"] for _, md in events.named(ins.JOB_STOP)] == [
+        "suspended",
+        "suspended",
+        "completed",
+    ]

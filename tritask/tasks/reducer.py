@@ -237,12 +237,14 @@ def _sleep(snapshot: Snapshot, event: Event, committed_at: int) -> Outcome:
 def _suspend(snapshot: Snapshot, event: Event, committed_at: int) -> Outcome:
     """Suspend until sleep ``key`` is due, or until input ``key`` is answered.
 
-    Nothing changes when there is nothing to wait for: the sleep is due, the input was
-    answered (or never requested), or the task is already suspended.
+    Nothing changes when there is nothing to wait for (the sleep is due, the input was
+    answered or never requested) or the task is still suspended; the record of a sleep
+    suspension that is over is replaced.
     """
     key: str = event.data["key"]
-    if snapshot.suspended_key is not None:
-        return _unchanged(snapshot)
+    current = snapshot.suspended_until
+    if snapshot.suspended_key is not None and (current is None or current > committed_at):
+        return _unchanged(snapshot)  # still suspended (a sleep that is over no longer counts)
     record = snapshot.steps.get(key)
     until: int | None
     if record is not None:

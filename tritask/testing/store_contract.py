@@ -1164,6 +1164,14 @@ class StoreContract:
                 "task-1", 2, Event.suspended("cooldown"), WorkerAuthority(claimed.lease)
             )
             assert isinstance(again, Transition) and again.outcome == "unchanged"
+            # The sleep's suspension is over: a wait for input may suspend the task again.
+            worker = WorkerAuthority(claimed.lease)
+            await self.applied(store, "task-1", 2, Event.input_requested("ask", ASK), worker)
+            waiting = await self.applied(store, "task-1", 3, Event.suspended("ask"), worker)
+            assert (waiting.snapshot.suspended_key, waiting.snapshot.suspended_until) == (
+                "ask",
+                None,
+            )
 
     async def test_a_task_suspended_for_input_waits_for_the_answer(self) -> None:
         async with self.store() as store:
