@@ -1,4 +1,4 @@
-"""Command line: ``python -m stress {cas,runner,all,bench ...}`` (from a checkout).
+"""Command line: ``python -m stress {cas,runner,steps,all,bench ...}`` (from a checkout).
 
 With ``--json`` stdout carries exactly one JSON object and nothing else (logs go to stderr).
 Exit status 0 only when every invariant held (benchmarks: when the run itself succeeded).
@@ -84,6 +84,13 @@ def _add_runner_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--retry-delay-ms", type=_positive, default=20)
 
 
+def _add_steps_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tasks", "-T", type=_positive, default=24)
+    parser.add_argument("--steps", "-S", type=_positive, default=5, help="steps per task")
+    parser.add_argument("--kills", "-K", type=_positive, default=8, help="planned crashes")
+    parser.add_argument("--lease-ms", type=_positive, default=2_000)
+
+
 def build_parser(prog: str = "python -m stress") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     commands = parser.add_subparsers(dest="stress_command", required=True)
@@ -111,6 +118,13 @@ def _register(commands: Any) -> None:
     _stress_options(runner)
     _add_runner_options(runner)
     runner.set_defaults(handler=_handle_runner)
+
+    steps = commands.add_parser(
+        "steps", help="pipelines of durable steps through runners that crash at seeded points"
+    )
+    _stress_options(steps)
+    _add_steps_options(steps)
+    steps.set_defaults(handler=_handle_steps, timeout_ms=3_600_000)
 
     both = commands.add_parser("all", help="cas, then runner, in one report")
     _stress_options(both)
@@ -273,6 +287,31 @@ def _runner_workload(args: argparse.Namespace) -> tuple[dict[str, Any], Workload
     return shown, workload
 
 
+def _steps_workload(args: argparse.Namespace) -> tuple[dict[str, Any], Workload]:
+    from stress.steps_soak import StepsParams, run_steps
+
+    params = StepsParams(
+        tasks=args.tasks,
+        steps=args.steps,
+        kills=args.kills,
+        seed=args.seed,
+        lease_ms=args.lease_ms,
+        timeout_ms=args.timeout_ms,
+    )
+
+    async def workload(store: Store, prefix: str, progress: bool) -> tuple[Checks, dict[str, Any]]:
+        return await run_steps(store, params, prefix, progress=progress)
+
+    shown = {
+        "tasks": args.tasks,
+        "steps": args.steps,
+        "kills": args.kills,
+        "leaseMs": args.lease_ms,
+        "timeoutMs": args.timeout_ms,
+    }
+    return shown, workload
+
+
 def _run_args(
     name: str, args: argparse.Namespace, params: dict[str, Any], workload: Workload
 ) -> dict[str, Any]:
@@ -296,6 +335,11 @@ def _handle_cas(args: argparse.Namespace) -> int:
 def _handle_runner(args: argparse.Namespace) -> int:
     params, workload = _runner_workload(args)
     return _emit(_run_args("runner", args, params, workload), args.json)
+
+
+def _handle_steps(args: argparse.Namespace) -> int:
+    params, workload = _steps_workload(args)
+    return _emit(_run_args("steps", args, params, workload), args.json)
 
 
 def _handle_all(args: argparse.Namespace) -> int:

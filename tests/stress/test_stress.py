@@ -80,11 +80,38 @@ def test_runner_invariants_hold_for_every_kind() -> None:
     assert all(inv["checks"].values())
 
 
+def test_steps_invariants_hold_with_exact_figures() -> None:
+    status, report = run("steps", "--tasks", "16", "--steps", "5", "--kills", "8", "--seed", "3")
+    assert status == 0, report["invariants"]["failures"]
+    inv = report["invariants"]
+    assert inv["plannedKinds"] == {"at_most_once": 4, "input": 4, "plain": 4, "sleep": 4}
+    assert sum(inv["plannedKills"].values()) == 8
+    fired = sum(inv["killsFired"].values())
+    assert fired + inv["killsSkippedInInterruptedSteps"] == 8
+    assert inv["finalStatuses"] == {"completed": 16}
+    assert inv["incarnations"] >= 2
+    # Every body ran once, plus once per kill that found it in flight without an outcome.
+    assert inv["bodyRuns"] == 16 * 5 + inv["bodiesRunAgain"]
+    assert inv["effects"] <= inv["bodyRuns"]
+    assert set(inv["checks"]) == {
+        "bodyRunsExact",
+        "effectsAtMostRuns",
+        "everyPlannedKillFired",
+        "everyTaskCompleted",
+        "exactValues",
+        "finishesInTime",
+        "ledgers",
+        "noBodyAfterItsOutcome",
+    }
+    assert all(inv["checks"].values())
+
+
 @pytest.mark.parametrize(
     "argv",
     [
         ("cas", "--tasks", "6", "--writers", "4"),
         ("runner", "--rounds", "2", "--batch", "10"),
+        ("steps", "--tasks", "12", "--kills", "6"),
     ],
 )
 def test_same_seed_gives_identical_invariants(argv: tuple[str, ...]) -> None:
