@@ -37,6 +37,13 @@ CASES = {
         "4. host B adopted it at generation 2 (woken by NOTIFY)",
         "5. completed: report built on host B",
     ],
+    "11_durable_steps.py": [
+        "2. killed after the provider refunded, before the charge step was recorded",
+        "3. killed again while the task waited (suspended) for the operator's confirmation",
+        "5. completed: {'confirmed': True, 'order': 'A-1001', 'refund': 're_1'} - the charge "
+        "body ran 2 times with one step_key, the provider refunded 1 time; load ran 1 time, "
+        "each line was notified once",
+    ],
     "17_tasks_subscriptions.py": SUBSCRIPTIONS_STORY,
     "17_tasks_subscriptions.py ws": SUBSCRIPTIONS_STORY,
     "09_tasks_retry.py": [
@@ -57,6 +64,7 @@ CASES = {
             ("08_tasks_durable.py", "tasks-work-descriptor"),
             ("09_tasks_retry.py", "tasks-retry-policy"),
             ("10_tasks_postgres.py", "tasks-recovery-claims"),
+            ("11_durable_steps.py", None),
             ("17_tasks_subscriptions.py", "tasks-extension-subscriptions-http"),
             ("17_tasks_subscriptions.py ws", "tasks-extension-subscriptions"),
         ]
