@@ -18,6 +18,7 @@ from test_websocket import client, receive, ws_server
 from tritask.jsonrpc import dumps
 from tritask.server.app import App
 from tritask.server.context import Context
+from tritask.server.legacy import MAX_INPUT_ROUNDS
 from tritask.server.mrtr import InputRequired, elicitation, sampling
 
 INFO = {"name": "legacy-test", "version": "2.0.0"}
@@ -95,6 +96,11 @@ def build_app(events: list[str], started: trio.Event | None = None) -> App:
         if answer is None:
             return ctx.input_required({"topic": elicitation("Topic?", NAME_FORM)})
         return f"About {(answer.get('content') or {}).get('name')}"
+
+    @app.prompt()
+    async def ask_forever(ctx: Context) -> InputRequired:
+        """A prompt that never has enough input (MRTR without end)."""
+        return ctx.input_required({"topic": elicitation("Topic?", NAME_FORM)})
 
     return app
 
@@ -332,6 +338,32 @@ async def test_a_client_error_answering_a_prompts_input_is_not_an_internal_error
         }
         await peer.send(legacy(4, "ping"))
         assert await peer.receive() == {"jsonrpc": "2.0", "id": 4, "result": {}}
+
+
+async def test_a_prompt_that_never_stops_asking_is_an_invalid_request() -> None:
+    """After MAX_INPUT_ROUNDS answered rounds the request is refused -32600, not -32603."""
+    async with stdio_server(build_app([])) as (peer, _, _):
+        await initialized_peer(peer, "2025-11-25", elicitation={})
+        await peer.send(legacy(3, "prompts/get", name="ask_forever"))
+        asked = 0
+        while True:
+            message = await peer.receive()
+            if message.get("id") == 3 and "method" not in message:
+                break
+            assert message["method"] == "elicitation/create"
+            asked += 1
+            answer = {"action": "accept", "content": {"name": "again"}}
+            await peer.send({"jsonrpc": "2.0", "id": message["id"], "result": answer})
+        assert asked == MAX_INPUT_ROUNDS + 1
+        assert message == {
+            "jsonrpc": "2.0",
+            "id": 3,
+            "error": {
+                "code": -32600,
+                "message": f"The request still needed input after {MAX_INPUT_ROUNDS} rounds; "
+                "giving up",
+            },
+        }
 
 
 async def test_cancelled_notification_cancels_the_tool_and_silences_its_id() -> None:

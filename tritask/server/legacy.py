@@ -80,7 +80,10 @@ _LIST_FLAGS: Final = (
 
 
 class _TooManyRounds(JsonRpcError):
-    code = -32603
+    """The request's own handler never stopped asking: the request cannot be served (a tool
+    call turns it into a tool error), not a failure of the server."""
+
+    code = -32600
     default_message = "The request kept asking for input"
 
 
