@@ -19,6 +19,7 @@ import trio
 
 from tritask.client._framed import DEFAULT_BUFFER, FramedConnection
 from tritask.client.errors import TransportError
+from tritask.protocol.lines import LineSplitter, Oversize
 
 log = logging.getLogger("tritask.client")
 
@@ -30,34 +31,17 @@ async def read_lines(
     stream: trio.abc.ReceiveStream, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
 ) -> AsyncIterator[bytes]:
     """Non-empty lines of ``stream``; an oversize line is skipped without being buffered."""
-    buffer = bytearray()
-    skipping = False
+    splitter = LineSplitter(max_line_bytes)
     while True:
         chunk = await stream.receive_some(_CHUNK)
+        lines = splitter.feed(chunk) if chunk else splitter.end()
+        for line in lines:
+            if isinstance(line, Oversize):
+                log.warning("skipping a line longer than %d bytes from the server", max_line_bytes)
+            else:
+                yield line
         if not chunk:
-            break
-        start = 0
-        while start < len(chunk):
-            newline = chunk.find(b"\n", start)
-            end = len(chunk) if newline == -1 else newline
-            if not skipping:
-                buffer += chunk[start:end]
-                if len(buffer) > max_line_bytes:
-                    log.warning(
-                        "skipping a line longer than %d bytes from the server", max_line_bytes
-                    )
-                    buffer.clear()
-                    skipping = True
-            if newline == -1:
-                break
-            if skipping:
-                skipping = False
-            elif buffer.strip():
-                yield bytes(buffer)
-            buffer.clear()
-            start = newline + 1
-    if buffer.strip() and not skipping:
-        yield bytes(buffer)
+            return
 
 
 @asynccontextmanager

@@ -69,6 +69,7 @@ from tritask.jsonrpc import (
     result_message,
 )
 from tritask.protocol.legacy import INITIALIZE, PING, has_modern_envelope
+from tritask.protocol.lines import LineSplitter, Oversize
 from tritask.protocol.versions import CANCELLED_NOTIFICATION
 from tritask.server.app import App
 from tritask.server.dispatcher import Dispatcher
@@ -329,39 +330,18 @@ async def _read_lines(
     stdin: trio.abc.ReceiveStream, connection: MessageConnection, max_line_bytes: int
 ) -> None:
     """Split the byte stream into lines; an oversize line is refused and skipped unbuffered."""
-    buffer = bytearray()
-    skipping = False
+    splitter = LineSplitter(max_line_bytes)
     too_long = InvalidRequest(f"Invalid request: message exceeds {max_line_bytes} bytes")
-
-    async def line_done(line: bytes) -> None:
-        if line.strip():
-            await connection.receive(line)
-
     while True:
         chunk = await stdin.receive_some(_READ_CHUNK)
-        if not chunk:
-            break
-        start = 0
-        while start < len(chunk):
-            newline = chunk.find(b"\n", start)
-            end = len(chunk) if newline == -1 else newline
-            if not skipping:
-                buffer += chunk[start:end]
-                if len(buffer) > max_line_bytes:
-                    buffer.clear()
-                    skipping = True
-                    await connection.refuse(too_long)
-            if newline == -1:
-                break
-            if skipping:
-                skipping = False
+        lines = splitter.feed(chunk) if chunk else splitter.end()
+        for line in lines:
+            if isinstance(line, Oversize):
+                await connection.refuse(too_long)
             else:
-                line = bytes(buffer)
-                buffer.clear()
-                await line_done(line)
-            start = newline + 1
-    if buffer and not skipping:
-        await line_done(bytes(buffer))
+                await connection.receive(line)
+        if not chunk:
+            return
 
 
 async def serve_stdio(
