@@ -49,7 +49,7 @@ import psycopg
 import trio
 from psycopg import pq
 
-__all__ = ["Result", "Session", "Statement", "statement"]
+__all__ = ["COMMIT", "Result", "Session", "Statement", "statement"]
 
 log = logging.getLogger("tritask_postgres")
 
@@ -185,6 +185,8 @@ def _load(result: pq.abc.PGresult) -> Result:
 
 _BEGIN: Final = statement(b"BEGIN")
 _COMMIT: Final = statement(b"COMMIT")
+#: ``COMMIT``, for a pipeline that ends its transaction with its last statement.
+COMMIT: Final = _COMMIT
 _ROLLBACK: Final = statement(b"ROLLBACK")
 
 

@@ -32,14 +32,16 @@ contract suite's deterministic time travel only; production leaves it unset.
 
 from __future__ import annotations
 
+import copy
 import functools
 import secrets
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Final, NoReturn, Self, TypeVar
 
 import attrs
+import outcome
 import psycopg
 import trio
 from psycopg import sql
@@ -105,8 +107,9 @@ from tritask.tasks.store import (
     require_scope,
 )
 from tritask.tasks.work import CodecError, JSONObject, Work, canonical_json, stored_text
+from tritask_postgres._batch import Batcher, Item
 from tritask_postgres._migrations import check_schema, redact_dsn, resolve_schema
-from tritask_postgres._native import Session, Statement, statement
+from tritask_postgres._native import COMMIT, Result, Session, Statement, statement
 from tritask_postgres._pool import ConnectionPool
 from tritask_postgres._wakeups import Wakeup, WakeupKind, listen, notify_payload
 
@@ -127,6 +130,9 @@ _BUSY_ERRORS: Final = (
     psycopg.errors.SerializationFailure,
     psycopg.errors.QueryCanceled,  # our statement_timeout (trio's own cancels become Cancelled)
 )
+#: What makes a batch's first round trip fail as a whole (the transaction is then rolled back
+#: and each item runs alone): a server error on any statement, or a lost connection.
+_BATCH_ERRORS: Final = (psycopg.Error,)
 _CLOCK_SQL: Final = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
 _INSTANT_SQL: Final = (
     "(to_char(to_timestamp(n.now / 1000000) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.')"
@@ -193,6 +199,72 @@ class _Row:
     def expired(self, now: int) -> bool:
         expires_at = self.snapshot.task.expires_at
         return expires_at is not None and now >= expires_at
+
+
+def _inserted(result: Result, task_id: str, stamp: bool) -> tuple[str, int, int | None]:
+    """An insertion's outcome: the stored record's text, the creation instant and the claim's
+    expiry (``None`` without a claim); raises when the id exists."""
+    row = result.fetchone()
+    assert row is not None
+    inserted, expires_at, created_at, now, _, stored = row
+    if inserted != 1:
+        if stamp and not 0 <= now <= MAX_INSTANT:
+            raise InvalidTask("the store clock is outside the instants a task can hold")
+        raise AlreadyExists(task_id)
+    return stored, int(created_at), None if expires_at is None else int(expires_at)
+
+
+@attrs.frozen
+class _Insert:
+    """A creation in a batch: its one statement."""
+
+    stmt: Statement
+    params: dict[str, Any]
+    stamp: bool
+
+
+class _RolledBack(Exception):
+    """A batch's transaction failed before its commit: nothing of it was committed."""
+
+
+class _Unknown(Exception):
+    """A batch's connection failed after its ``COMMIT`` was sent."""
+
+    def __init__(self, error: psycopg.Error) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+@attrs.frozen
+class _Settle:
+    """A settle in a batch: what ``_decide`` needs."""
+
+    task_id: str
+    expected_revision: int
+    event: Event
+    event_json: str
+    lease: Lease
+
+
+@attrs.frozen
+class _Plan:
+    """A transition decided on its locked row: ``answer``, after ``final`` (the statement that
+    writes it and ends the transaction) when there is one. ``written``: ``final`` must report
+    exactly one written ledger row, or the row changed under its lock."""
+
+    answer: Transition | Conflict | NotFound
+    final: tuple[Statement, dict[str, Any]] | None = None
+    written: bool = False
+
+    def finish(self, done: Result) -> Transition | Conflict | NotFound:
+        """The answer, once ``final`` ran (``done`` is its result)."""
+        if self.written:
+            row = done.fetchone()
+            if row is None or row[0] != 1:
+                answer = self.answer
+                task_id = answer.snapshot.task.id if isinstance(answer, Transition) else ""
+                raise CorruptStore(task_id, "the locked row changed under its lock")
+        return self.answer
 
 
 def _decode_row(values: tuple[Any, ...]) -> _Row:
@@ -345,6 +417,7 @@ class PostgresStore:
         self._channel = f"{self._schema}.wakeups"
         self._store_id: str | None = None
         self._pool: ConnectionPool | None = None
+        self._batcher: Batcher | None = None
         self._listeners: set[Conn] = set()
         self._closed = False
         self._q = _Queries(self._schema, clock is not None)
@@ -395,6 +468,7 @@ class PostgresStore:
             await pool.aclose()
             raise
         self._pool = pool
+        self._batcher = Batcher(self._run_batch)
         return self
 
     async def aclose(self) -> None:
@@ -528,14 +602,9 @@ class PostgresStore:
         async def insert(session: Session, commit: bool) -> tuple[str, int, int | None]:
             """The stored record's text, the creation instant and the claim's expiry (``None``
             without a claim); raises when the id exists."""
-            row = (await session.execute(inserting, params, commit=commit)).fetchone()
-            assert row is not None
-            inserted, expires_at, created_at, now, _, stored = row
-            if inserted != 1:
-                if stamp and not 0 <= now <= MAX_INSTANT:
-                    raise InvalidTask("the store clock is outside the instants a task can hold")
-                raise AlreadyExists(task.id)
-            return stored, int(created_at), None if expires_at is None else int(expires_at)
+            return _inserted(
+                await session.execute(inserting, params, commit=commit), task.id, stamp
+            )
 
         async def run(session: Session) -> tuple[str, int, int | None]:
             if not limited:
@@ -558,7 +627,15 @@ class PostgresStore:
                     raise CapacityExceeded("max_active_tasks_per_scope")
                 return await insert(session, True)
 
-        stored, created_at, expires_at = await self._run(run)
+        if limited:
+            stored, created_at, expires_at = await self._run(run)
+        else:
+            # Batched with the creations and settles running beside it (see ``_batch``).
+            alone = functools.partial(self._run, run)
+            inserted: tuple[str, int, int | None] = await self._batched(
+                _Insert(inserting, params, stamp), alone
+            )
+            stored, created_at, expires_at = inserted
         # The record as stored (stamped by the statement when ``stamp``), decoded strictly: a
         # copy the caller owns, with no second encoding of the document here.
         try:
@@ -835,14 +912,17 @@ class PostgresStore:
     async def _clear_claim(self, session: Session, snapshot: Snapshot) -> None:
         """Release the locked task's claim, waking other runners if work is left, and commit
         (the last statement of its transaction)."""
-        await session.execute(
+        stmt, params = self._clear_claim_call(snapshot)
+        await session.execute(stmt, params, commit=True)
+
+    def _clear_claim_call(self, snapshot: Snapshot) -> tuple[Statement, dict[str, Any]]:
+        return (
             self._q.clear_claim,
             {
                 "task_id": snapshot.task.id,
                 "channel": self._channel,
                 "payload": self._released_payload(snapshot),
             },
-            commit=True,
         )
 
     def _released_payload(self, snapshot: Snapshot) -> str | None:
@@ -878,7 +958,8 @@ class PostgresStore:
         if event.kind not in SETTLE_KINDS:
             raise UnauthorizedAction(f"settle cannot apply {event.kind.value}")
         event_json = stored_text(event.to_json())
-        return await self._run(
+        alone = functools.partial(
+            self._run,
             functools.partial(
                 self._transition,
                 task_id,
@@ -887,8 +968,11 @@ class PostgresStore:
                 event_json,
                 WorkerAuthority(lease),
                 True,
-            )
+            ),
         )
+        settle = _Settle(task_id, expected_revision, event, event_json, lease)
+        answer: Transition | Conflict | NotFound = await self._batched(settle, alone)
+        return answer
 
     async def _transition(
         self,
@@ -905,85 +989,201 @@ class PostgresStore:
         async with session.transaction():
             # One round trip for BEGIN, the lock and, in a statement of its own that starts
             # after the lock is granted, the clock and the ledger as of now.
-            locked, read = await session.pipeline(
-                (self._q.lock, {"task_id": task_id}),
-                (self._q.now_and_seen, self._params(task_id=task_id, event_id=event.id)),
+            locked, read = await session.pipeline(*self._transition_reads(task_id, event.id))
+            plan = self._decide(
+                task_id, expected_revision, event, event_json, authority, release, locked, read
             )
-            values = locked.fetchone()
-            if values is None:
-                return NOT_FOUND
-            row = _decode_row(values)
-            seen = read.fetchone()
-            assert seen is not None
-            now = int(seen[0])
-            if isinstance(authority, RequestAuthority):
-                allowed = frozenset(a for a, kinds in REQUEST_KINDS.items() if event.kind in kinds)
-                if not self._visible(row, task_id, authority.access, now, allowed):
-                    return NOT_FOUND
-            elif isinstance(authority, WorkerAuthority):
-                try:
-                    self._check_lease(row, authority.lease, now)
-                except StaleLease:
-                    # The resend of a settle that committed and released (no later claim).
-                    if release and self._released_by(row, authority.lease, seen, event):
-                        return self._replayed(row.snapshot, seen)
-                    raise
-                if event.kind not in WORKER_KINDS:
-                    raise UnauthorizedAction(f"a worker lease cannot apply {event.kind.value}")
-            else:
-                raise TypeError("authority must be RequestAuthority or WorkerAuthority")
+            if plan.final is None:
+                return plan.answer
+            stmt, params = plan.final
+            return plan.finish(await session.execute(stmt, params, commit=True))
 
-            snapshot = row.snapshot
-            if seen[1] is not None:
-                if not _same_event(seen[1], event_json, event):
-                    raise EventIdReused(event.id)
-                if release:
-                    await self._clear_claim(session, snapshot)
-                return self._replayed(snapshot, seen)
-            if snapshot.revision != expected_revision:
-                return Conflict(snapshot)
+    def _transition_reads(
+        self, task_id: str, event_id: str
+    ) -> tuple[tuple[Statement, dict[str, Any]], tuple[Statement, dict[str, Any]]]:
+        """A transition's first statements: the row lock, then the clock and the ledger."""
+        return (
+            (self._q.lock, {"task_id": task_id}),
+            (self._q.now_and_seen, self._params(task_id=task_id, event_id=event_id)),
+        )
 
-            committed_at = max(now, snapshot.task.last_updated_at + _COMMIT_STEP_US)
-            outcome = apply(snapshot, event, committed_at)
-            if outcome.kind == "unchanged":
-                if release:
-                    await self._clear_claim(session, snapshot)
-                return Transition(
-                    outcome="unchanged",
-                    snapshot=snapshot,
-                    effects=outcome.effects,
-                    event_revision=snapshot.revision,
-                    committed_at=committed_at,
-                )
-            new = outcome.snapshot
-            fields = {
-                "task_id": task_id,
-                "expected": snapshot.revision,
-                "record": stored_text(_record_json(new)),
-                "revision": new.revision,
-                "status": new.task.status.value,
-                "retry_at": new.available_at,
-                "event_id": event.id,
-                "event_kind": event.kind.value,
-                "event": event_json,
-                "committed_at": committed_at,
-                "effects": stored_text(effects_to_json(outcome.effects)),
-                "channel": self._channel,
-                # At most two wake-ups, as two scalars.
-                "payload": self._wakeup_for(event.kind, new),
-                "released": self._released_payload(new) if release else None,
-            }
-            query = self._q.write_releasing if release else self._q.write
-            written = (await session.execute(query, fields, commit=True)).fetchone()
-            if written is None or written[0] != 1:
-                raise CorruptStore(task_id, "the locked row changed under its lock")
-            return Transition(
-                outcome="applied",
-                snapshot=new,
+    def _decide(
+        self,
+        task_id: str,
+        expected_revision: int,
+        event: Event,
+        event_json: str,
+        authority: Authority,
+        release: bool,
+        locked: Result,
+        read: Result,
+    ) -> _Plan:
+        """What a transition does, decided on its locked row and its reads: the answer, and
+        the one statement (if any) that writes it and ends the transaction. Raises what the
+        transition raises; nothing was written then."""
+        values = locked.fetchone()
+        if values is None:
+            return _Plan(NOT_FOUND)
+        row = _decode_row(values)
+        seen = read.fetchone()
+        assert seen is not None
+        now = int(seen[0])
+        if isinstance(authority, RequestAuthority):
+            allowed = frozenset(a for a, kinds in REQUEST_KINDS.items() if event.kind in kinds)
+            if not self._visible(row, task_id, authority.access, now, allowed):
+                return _Plan(NOT_FOUND)
+        elif isinstance(authority, WorkerAuthority):
+            try:
+                self._check_lease(row, authority.lease, now)
+            except StaleLease:
+                # The resend of a settle that committed and released (no later claim).
+                if release and self._released_by(row, authority.lease, seen, event):
+                    return _Plan(self._replayed(row.snapshot, seen))
+                raise
+            if event.kind not in WORKER_KINDS:
+                raise UnauthorizedAction(f"a worker lease cannot apply {event.kind.value}")
+        else:
+            raise TypeError("authority must be RequestAuthority or WorkerAuthority")
+
+        snapshot = row.snapshot
+        if seen[1] is not None:
+            if not _same_event(seen[1], event_json, event):
+                raise EventIdReused(event.id)
+            replayed = self._replayed(snapshot, seen)
+            if release:
+                return _Plan(replayed, self._clear_claim_call(snapshot))
+            return _Plan(replayed)
+        if snapshot.revision != expected_revision:
+            return _Plan(Conflict(snapshot))
+
+        committed_at = max(now, snapshot.task.last_updated_at + _COMMIT_STEP_US)
+        outcome = apply(snapshot, event, committed_at)
+        if outcome.kind == "unchanged":
+            unchanged = Transition(
+                outcome="unchanged",
+                snapshot=snapshot,
                 effects=outcome.effects,
-                event_revision=new.revision,
+                event_revision=snapshot.revision,
                 committed_at=committed_at,
             )
+            if release:
+                return _Plan(unchanged, self._clear_claim_call(snapshot))
+            return _Plan(unchanged)
+        new = outcome.snapshot
+        fields = {
+            "task_id": task_id,
+            "expected": snapshot.revision,
+            "record": stored_text(_record_json(new)),
+            "revision": new.revision,
+            "status": new.task.status.value,
+            "retry_at": new.available_at,
+            "event_id": event.id,
+            "event_kind": event.kind.value,
+            "event": event_json,
+            "committed_at": committed_at,
+            "effects": stored_text(effects_to_json(outcome.effects)),
+            "channel": self._channel,
+            # At most two wake-ups, as two scalars.
+            "payload": self._wakeup_for(event.kind, new),
+            "released": self._released_payload(new) if release else None,
+        }
+        query = self._q.write_releasing if release else self._q.write
+        applied = Transition(
+            outcome="applied",
+            snapshot=new,
+            effects=outcome.effects,
+            event_revision=new.revision,
+            committed_at=committed_at,
+        )
+        return _Plan(applied, (query, fields), written=True)
+
+    # -- group commit -------------------------------------------------------------------------
+
+    async def _batched(self, payload: _Insert | _Settle, alone: Callable[[], Awaitable[T]]) -> T:
+        """``payload`` in a batch with the creations and settles submitted beside it (see
+        :mod:`._batch`); ``alone()`` is the same operation on its own, its fallback."""
+        self._opened()
+        assert self._batcher is not None
+        result: T = await self._batcher.submit(Item(payload, alone))
+        return result
+
+    async def _run_batch(self, items: Sequence[Item]) -> None:
+        """One transaction on one connection for a batch, in two pipelined round trips.
+
+        The first sends ``BEGIN``, every settle's row lock and reads (in task-id order, so two
+        batches never wait for each other's locks in opposite orders) and every insertion;
+        then each settle is decided on its own rows (one that raises wrote nothing); the
+        second sends the settles' writes and the ``COMMIT``. Every item gets its outcome only
+        after the ``COMMIT`` returned. A statement error aborts the whole transaction (nothing
+        is committed): the items then run alone (``Item.fall_back``), so the error reaches the
+        operation it belongs to. A connection lost once the ``COMMIT`` was sent leaves its
+        outcome unknown: every item gets that error.
+        """
+        pool, _ = self._opened()
+        settles = sorted(
+            (item for item in items if isinstance(item.payload, _Settle)),
+            key=lambda item: item.payload.task_id,
+        )
+        inserts = [item for item in items if isinstance(item.payload, _Insert)]
+        reads: list[tuple[Statement, Mapping[str, object] | None]] = []
+        for item in settles:
+            settle = item.payload
+            reads.extend(self._transition_reads(settle.task_id, settle.event.id))
+        reads.extend((item.payload.stmt, item.payload.params) for item in inserts)
+        decided: list[tuple[Item, outcome.Outcome[Any]]] = []
+        finals: list[tuple[Item, _Plan]] = []
+        try:
+            async with pool.session() as session, session.transaction():
+                try:
+                    results = await session.pipeline(*reads)
+                except _BATCH_ERRORS as exc:
+                    raise _RolledBack from exc
+                for index, item in enumerate(settles):
+                    settle = item.payload
+                    try:
+                        plan = self._decide(
+                            settle.task_id,
+                            settle.expected_revision,
+                            settle.event,
+                            settle.event_json,
+                            WorkerAuthority(settle.lease),
+                            True,
+                            results[2 * index],
+                            results[2 * index + 1],
+                        )
+                    except Exception as exc:  # it wrote nothing: it fails alone
+                        decided.append((item, outcome.Error(exc)))
+                        continue
+                    if plan.final is None:
+                        decided.append((item, outcome.Value(plan.answer)))
+                    else:
+                        finals.append((item, plan))
+                first = 2 * len(settles)
+                for index, item in enumerate(inserts):
+                    insert = item.payload
+                    found: outcome.Outcome[Any] = outcome.capture(
+                        _inserted, results[first + index], insert.params["task_id"], insert.stamp
+                    )
+                    decided.append((item, found))
+                calls: list[tuple[Statement, Mapping[str, object] | None]] = [
+                    plan.final for _, plan in finals if plan.final is not None
+                ]
+                try:
+                    done = await session.pipeline(*calls, (COMMIT, None))
+                except psycopg.Error as exc:
+                    if exc.sqlstate is not None:
+                        raise _RolledBack from exc  # the server refused a statement
+                    raise _Unknown(exc) from exc
+        except _RolledBack:
+            return  # nothing was committed: every item runs alone
+        except _Unknown as unknown:
+            for item in items:  # the COMMIT's outcome is unknown, as it would be alone
+                item.decide(outcome.Error(copy.copy(unknown.error)))
+            return
+        for (item, plan), result in zip(finals, done, strict=False):
+            item.decide(outcome.capture(plan.finish, result))
+        for item, found in decided:
+            item.decide(found)
 
     def _released_by(self, row: _Row, lease: object, seen: tuple[Any, ...], event: Event) -> bool:
         """Whether ``lease``'s claim was released with no later claim made, after ``event``
