@@ -1,6 +1,6 @@
 """``PostgresStore``: the Store contract on PostgreSQL, for runners on many hosts.
 
-Every operation is one transaction on one pooled connection, its statements sent from the trio
+Every operation is one transaction (or a share of a batch's) on one pooled connection, its statements sent from the trio
 thread through libpq's non-blocking API (see ``_native``). It decides on the database's clock:
 ``clock_timestamp()`` read *after* the row lock, so a call that waited for a lock never judges
 a lease or a retry deadline by a time from before the wait.
@@ -11,6 +11,9 @@ a lease or a retry deadline by a time from before the wait.
   reducer in Python, and write the record, its projections and the ledger row in one statement.
   ``settle`` is the same transaction for a worker's final event, its write also clearing the
   claim (a ``duplicate`` or ``unchanged`` answer clears it too).
+* Group commit: concurrent creations without limits and settles share one transaction on one
+  connection, two pipelined round trips for the whole batch, each operation still decided
+  alone and each caller answered only after the commit (see ``_batch`` and ``_run_batch``).
 * ``create_claimed_stamped`` inserts in one statement that reads the clock and formats it into
   the record's ``createdAt``/``lastUpdatedAt`` itself, so stamping costs no extra round trip.
 * ``claim_next`` takes the oldest claimable task by ``(created_at, task_id)`` with
