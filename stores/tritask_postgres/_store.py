@@ -1,9 +1,10 @@
 """``PostgresStore``: the Store contract on PostgreSQL, for runners on many hosts.
 
-Every operation is one transaction (or a share of a batch's) on one pooled connection, its statements sent from the trio
-thread through libpq's non-blocking API (see ``_native``). It decides on the database's clock:
-``clock_timestamp()`` read *after* the row lock, so a call that waited for a lock never judges
-a lease or a retry deadline by a time from before the wait.
+Every operation is one transaction (or a share of a batch's) on one pooled connection, its
+statements sent from the trio thread through libpq's non-blocking API (see ``_native``). It
+decides on the database's clock: ``clock_timestamp()`` read *after* the row lock, so a call
+that waited for a lock never judges a lease or a retry deadline by a time from before the
+wait.
 
 * Transitions lock the row (``FOR UPDATE``), then read the clock and the event ledger in a new
   statement (a new READ COMMITTED snapshot, so a replay committed while we waited is seen), check
