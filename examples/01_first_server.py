@@ -24,7 +24,7 @@ async def main() -> None:
 
     result = await Client.direct(app, tasks=False).call_tool("add", {"a": 2, "b": 40})
     assert result["content"] == [{"type": "text", "text": "42"}], result
-    print("add(2, 40) =", result["content"][0]["text"])  # type: ignore[index]
+    print("add(2, 40) =", result["content"][0]["text"])
 
 
 if __name__ == "__main__":

@@ -83,7 +83,7 @@ async def main(dsn: str) -> None:
             print("4. host B adopted it at generation", log[-1][2], "(woken by NOTIFY)")
             done = await Client.direct(app_b).wait_task(task_id, poll_seconds=0.02)
             assert done["status"] == "completed", done
-            print("5. completed:", done["result"]["content"][0]["text"])  # type: ignore[index]
+            print("5. completed:", done["result"]["content"][0]["text"])
             (_, key_a, generation_a), (_, key_b, generation_b) = log
             assert key_a == key_b == task_id and generation_b > generation_a
             tasks_b.runner = None

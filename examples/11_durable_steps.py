@@ -221,7 +221,7 @@ async def main(directory: Path) -> None:
 
     async def asked() -> bool:
         task = await client.get_task(task_id)
-        return task["status"] == "input_required"
+        return bool(task["status"] == "input_required")
 
     await wait_for(asked, "the confirmation was never asked")
     await trio.sleep(1.0)  # past suspend_input_after_ms: the task is suspended, no worker holds it

@@ -54,7 +54,6 @@ def build_app() -> App:
     async def watch_queue() -> str:
         """Watch a queue until cancelled."""
         await trio.sleep_forever()
-        return "unreachable"
 
     app.add_extension(
         Tasks(

@@ -8,7 +8,7 @@ an MRTR round synchronously and becomes a required task on the final round.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import trio
 
@@ -34,7 +34,7 @@ def _answered_name(ctx: Context) -> str | None:
     return name if isinstance(name, str) else None
 
 
-def _mrtr_policy(params: Mapping[str, Any], ctx: Context) -> str:
+def _mrtr_policy(params: Mapping[str, Any], ctx: Context) -> Literal["required", "sync"]:
     """Sync for the MRTR round that asks for a name; a required task once it is answered.
 
     Only an answer that carries a name (or a name in the arguments) makes the task: a task

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.auth.oauth_app import Probe, serve_protected
+from auth.oauth_app import Probe, serve_protected
 from tritask.client import ClientCredentials, OAuthError, connect
 from tritask.client.errors import InvalidRequestError
 from tritask.client.oauth import parse_bearer_challenge

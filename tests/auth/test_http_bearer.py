@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.auth.oauth_app import Endpoint, Probe, call, rpc, serve_protected
+from auth.oauth_app import Endpoint, Probe, call, rpc, serve_protected
 from tritask.auth import BearerAuth, JWTVerifier
 from tritask.testing.oauth import TestAuthorizationServer
 

@@ -7,7 +7,7 @@ import time
 import pytest
 import trio.testing
 
-from tests.auth.conftest import RESOURCE
+from auth.conftest import RESOURCE
 from tritask.auth import IntrospectionVerifier, InvalidToken, VerifierUnavailable
 from tritask.testing.oauth import TestAuthorizationServer, free_port
 

@@ -8,7 +8,7 @@ import pytest
 import trio
 import trio.testing
 
-from tests.auth.conftest import RESOURCE
+from auth.conftest import RESOURCE
 from tritask.auth import InvalidToken, JWTVerifier, VerifierUnavailable
 from tritask.testing.oauth import TestAuthorizationServer
 

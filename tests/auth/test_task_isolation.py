@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import trio
 
-from tests.auth.oauth_app import Endpoint, Probe, V, call, rpc, serve_protected
+from auth.oauth_app import Endpoint, Probe, V, call, rpc, serve_protected
 from tritask.tasks.store import Action
 from tritask.testing.oauth import TestAuthorizationServer
 

@@ -25,7 +25,7 @@ from stress.fuzz.drivers import HttpDriver, stdio_process, websocket
 from stress.fuzz.eras import LegacyEra, legacy_era
 from stress.fuzz.run import fuzz
 from stress.fuzz.session import tracebacks
-from tests.fuzz.test_fuzz import FIXTURE, watched_logs
+from test_fuzz import FIXTURE, watched_logs
 from tritask.cli import load_app
 from tritask.server.extension import ServeEnvironment
 from tritask.transports.http import serve_http
