@@ -30,8 +30,14 @@ class Served:
 
 
 @contextmanager
-def serve_fixture(timeout: float = 60.0) -> Iterator[Served]:
-    """The fixture served by a real process; SIGINT at the end, and it must exit."""
+def serve_fixture(
+    timeout: float = 60.0, *, store: str = "memory:", ws: bool = True
+) -> Iterator[Served]:
+    """The fixture served by a real process; SIGINT at the end, and it must exit.
+
+    ``store`` is its ``--store`` URL; without ``ws`` it serves HTTP only (``Served.ws`` is "").
+    """
+    wanted = 2 if ws else 1
     process = subprocess.Popen(
         [
             sys.executable,
@@ -41,10 +47,9 @@ def serve_fixture(timeout: float = 60.0) -> Iterator[Served]:
             FIXTURE,
             "--http",
             "127.0.0.1:0",
-            "--ws",
-            "127.0.0.1:0",
+            *(["--ws", "127.0.0.1:0"] if ws else []),
             "--store",
-            "memory:",
+            store,
         ],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
@@ -65,16 +70,16 @@ def serve_fixture(timeout: float = 60.0) -> Iterator[Served]:
                 match = pattern.search(line)
                 if match:
                     found[key] = match.group("url")
-            if len(found) == 2:
+            if len(found) == wanted:
                 ready.set()
         ready.set()
 
     thread = threading.Thread(target=drain, daemon=True)
     thread.start()
     try:
-        if not ready.wait(timeout) or len(found) != 2:
+        if not ready.wait(timeout) or len(found) != wanted:
             raise RuntimeError("the fixture did not start:\n" + "".join(lines))
-        yield Served(found["http"], found["ws"], lines)
+        yield Served(found["http"], found.get("ws", ""), lines)
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGINT)

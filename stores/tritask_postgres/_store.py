@@ -53,6 +53,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from tritask.jsonrpc import loads
 from tritask.tasks._time import MAX_INSTANT, Clock
+from tritask.tasks.changes import ChangeFeed, TaskChange
 from tritask.tasks.events import Event, EventKind, effects_from_json, effects_to_json
 from tritask.tasks.model import CorruptRecord, Snapshot, Task, initial_snapshot, snapshot_from_json
 from tritask.tasks.model import snapshot_to_json as _record_json
@@ -112,6 +113,7 @@ from tritask.tasks.store import (
 )
 from tritask.tasks.work import CodecError, JSONObject, Work, canonical_json, stored_text
 from tritask_postgres._batch import Batcher, Item
+from tritask_postgres._changes import change_payload, listen_changes, reaped_payload_sql
 from tritask_postgres._migrations import check_schema, redact_dsn, resolve_schema
 from tritask_postgres._native import COMMIT, Result, Session, Statement, statement
 from tritask_postgres._pool import ConnectionPool
@@ -367,8 +369,11 @@ class PostgresStore:
     ``lock_timeout_ms`` (5,000: a row lock not granted in time raises ``DatabaseBusy``),
     ``statement_timeout_ms`` (15,000), ``connect_timeout_s`` and ``application_name`` (shown
     in ``pg_stat_activity``; the listener adds ``-listen``), which default to the DSN's values,
-    else 10 s and ``tritask``. ``clock`` is a test hook (see the module docstring): production
-    reads time from the database.
+    else 10 s and ``tritask``. ``notify_changes`` (default true) sends every applied
+    transition and reaped task as a ``NOTIFY`` on the schema's ``changes`` channel, so listen
+    streams on other hosts hear of them (``changes()``); false saves that ``NOTIFY`` when no
+    other host serves listeners. ``clock`` is a test hook (see the module docstring):
+    production reads time from the database.
 
     The schema must have been migrated (``tritask migrate --store ...``); entering the store
     checks its version and refuses a mismatch. Connect directly or through a session-pooling
@@ -391,8 +396,11 @@ class PostgresStore:
         connect_timeout_s: int | None = None,
         application_name: str | None = None,
         clock: Clock | None = None,
+        notify_changes: bool = True,
     ) -> None:
         self._scope = require_scope(scope, store="PostgresStore")
+        if not isinstance(notify_changes, bool):
+            raise TypeError("notify_changes must be a bool")
         if not isinstance(dsn, str):
             raise TypeError("dsn must be a libpq URL or conninfo string")
         self._conninfo, self._schema = resolve_schema(dsn, schema)
@@ -419,6 +427,8 @@ class PostgresStore:
         self._clock = clock
         self._origin = secrets.token_hex(8)
         self._channel = f"{self._schema}.wakeups"
+        self._changes_channel = f"{self._schema}.changes" if notify_changes else None
+        self._feed = ChangeFeed()
         self._store_id: str | None = None
         self._pool: ConnectionPool | None = None
         self._batcher: Batcher | None = None
@@ -477,6 +487,7 @@ class PostgresStore:
 
     async def aclose(self) -> None:
         self._closed = True
+        self._feed.close()
         for conn in list(self._listeners):
             trio.lowlevel.notify_closing(conn.fileno())
         pool, self._pool = self._pool, None
@@ -943,11 +954,28 @@ class PostgresStore:
         self._opened()
         check_transition_arguments(expected_revision, event)
         event_json = stored_text(event.to_json())
-        return await self._run(
-            functools.partial(
-                self._transition, task_id, expected_revision, event, event_json, authority, False
+        return self._announced(
+            await self._run(
+                functools.partial(
+                    self._transition,
+                    task_id,
+                    expected_revision,
+                    event,
+                    event_json,
+                    authority,
+                    False,
+                )
             )
         )
+
+    def _announced(
+        self, result: Transition | Conflict | NotFound
+    ) -> Transition | Conflict | NotFound:
+        """Hand an applied commit to this process's ``changes()`` readers (other hosts hear of
+        it through the ``NOTIFY`` its transaction sent)."""
+        if isinstance(result, Transition) and result.outcome == "applied":
+            self._feed.announce_snapshot(result.snapshot)
+        return result
 
     async def settle(
         self, task_id: str, expected_revision: int, event: Event, lease: Lease
@@ -976,7 +1004,7 @@ class PostgresStore:
         )
         settle = _Settle(task_id, expected_revision, event, event_json, lease)
         answer: Transition | Conflict | NotFound = await self._batched(settle, alone)
-        return answer
+        return self._announced(answer)
 
     async def _transition(
         self,
@@ -1090,6 +1118,11 @@ class PostgresStore:
             # At most two wake-ups, as two scalars.
             "payload": self._wakeup_for(event.kind, new),
             "released": self._released_payload(new) if release else None,
+            # And the change, for listen streams on other hosts.
+            "changes": self._changes_channel,
+            "change": None
+            if self._changes_channel is None
+            else change_payload(task_id, new.revision, new.task.status, self._origin),
         }
         query = self._q.write_releasing if release else self._q.write
         applied = Transition(
@@ -1243,10 +1276,15 @@ class PostgresStore:
                 )
                 ids = [_decode_row(values).task_id for values in found.rows]  # validate first
                 if ids:
-                    await session.execute(self._q.reap_delete, {"ids": ids})
+                    await session.execute(
+                        self._q.reap_delete,
+                        {"ids": ids, "changes": self._changes_channel, "origin": self._origin},
+                    )
             return sorted(ids)
 
-        return await self._run(run)
+        reaped = await self._run(run)
+        self._feed.announce_reaped(reaped)
+        return reaped
 
     async def history(self, task_id: str) -> list[LedgerEntry]:
         """The validated ledger of a stored task, in revision order (``[]`` when unknown).
@@ -1385,6 +1423,33 @@ class PostgresStore:
         return await self._run(run)
 
     # -- wake-ups -----------------------------------------------------------------------------
+
+    def changes(self) -> AsyncGenerator[TaskChange, None]:
+        """Every change of this schema's tasks from now on (``OffersChanges``), on any host.
+
+        Commits through this store object come at once, with the committed task; those of
+        other store objects (other processes, other hosts) come from ``LISTEN`` on the
+        ``changes`` channel, as task id, revision and status. The first item is ``resync``,
+        and again after a reconnect. Each call holds one dedicated connection outside the
+        pool until the iteration ends; closing the store ends it.
+        """
+        self._opened()
+        channel = self._changes_channel or f"{self._schema}.changes"
+
+        def connect() -> Conn:
+            return psycopg.Connection.connect(
+                self._conninfo,
+                autocommit=True,
+                keepalives=1,
+                keepalives_idle=30,
+                keepalives_interval=10,
+                keepalives_count=3,
+                **self._connect_kwargs("-changes"),
+            )
+
+        return listen_changes(
+            self._feed, connect, channel, self._origin, self._listeners, lambda: self._closed
+        )
 
     def wakeups(self) -> AsyncGenerator[Wakeup, None]:
         """Wake-up hints from every store on this schema, on any host (LISTEN/NOTIFY).
@@ -1556,8 +1621,10 @@ class _Queries:
                 " committed_at_us, effects) SELECT task_id, %(event_id)s, %(event_kind)s,"
                 " %(event)s::json, %(revision)s, %(committed_at)s, %(effects)s::json FROM u"
                 " RETURNING 1),"
-                " nt AS (SELECT pg_notify(%(channel)s, p.payload) FROM i,"
-                " (VALUES (%(payload)s::text), (%(released)s::text)) AS p(payload)"
+                " nt AS (SELECT pg_notify(p.channel, p.payload) FROM i,"
+                " (VALUES (%(channel)s::text, %(payload)s::text),"
+                " (%(channel)s::text, %(released)s::text),"
+                " (%(changes)s::text, %(change)s::text)) AS p(channel, payload)"
                 " WHERE p.payload IS NOT NULL)"
                 " SELECT (SELECT count(*) FROM i), (SELECT count(*) FROM nt)"
             )
@@ -1569,7 +1636,13 @@ class _Queries:
             " SELECT " + cols + " FROM {t} t, n WHERE t.expires_at_us <= n.now"
             " ORDER BY t.expires_at_us, t.task_id LIMIT %(batch)s FOR UPDATE OF t SKIP LOCKED"
         )
-        self.reap_delete = q("DELETE FROM {t} WHERE task_id = ANY(%(ids)s::text[])")
+        self.reap_delete = q(
+            "WITH d AS (DELETE FROM {t} WHERE task_id = ANY(%(ids)s::text[]) RETURNING task_id),"
+            " nt AS (SELECT pg_notify(%(changes)s::text, "
+            + reaped_payload_sql("d.task_id", "%(origin)s::text")
+            + ") FROM d WHERE %(changes)s::text IS NOT NULL)"
+            " SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM nt)"
+        )
 
 
 def open_store(url: str, **options: Any) -> PostgresStore:

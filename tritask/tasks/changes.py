@@ -17,7 +17,7 @@ changed: re-read what you watch"), so a slow consumer never grows memory.
 from __future__ import annotations
 
 import collections
-from collections.abc import AsyncGenerator, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from typing import Final, Literal
 
 import attrs
@@ -25,7 +25,7 @@ import trio
 
 from tritask.tasks.model import Snapshot, Task, TaskStatus
 
-__all__ = ["RESYNC", "ChangeFeed", "ChangeKind", "TaskChange"]
+__all__ = ["RESYNC", "ChangeFeed", "ChangeKind", "FeedReader", "TaskChange"]
 
 ChangeKind = Literal["changed", "reaped", "resync"]
 
@@ -60,10 +60,18 @@ RESYNC: Final = TaskChange("resync", None)
 
 
 @attrs.define(eq=False)
-class _Reader:
+class FeedReader:
+    """One reader of a :class:`ChangeFeed`: a bounded queue and a way to be woken.
+
+    ``take()`` returns the next change or ``None``; ``waker`` (if set) is called, in the
+    trio thread, whenever a change arrives, so a reader that also waits on something else
+    (PostgreSQL's ``LISTEN`` socket) can wait on both without a task of its own.
+    """
+
     limit: int
     items: collections.deque[TaskChange] = attrs.field(factory=collections.deque)
     wake: trio.Event | None = None
+    waker: Callable[[], object] | None = None
     overflowed: bool = False
 
     def put(self, change: TaskChange) -> None:
@@ -77,10 +85,20 @@ class _Reader:
             self.items.append(change)
         self.notify()
 
+    def take(self) -> TaskChange | None:
+        if not self.items:
+            return None
+        change = self.items.popleft()
+        if change is RESYNC:
+            self.overflowed = False
+        return change
+
     def notify(self) -> None:
         if self.wake is not None:
             self.wake.set()
             self.wake = None
+        if self.waker is not None:
+            self.waker()
 
 
 class ChangeFeed:
@@ -90,7 +108,7 @@ class ChangeFeed:
         if limit < 1:
             raise ValueError("limit must be >= 1")
         self._limit = limit
-        self._readers: set[_Reader] = set()
+        self._readers: set[FeedReader] = set()
         self._closed = False
 
     @property
@@ -121,25 +139,31 @@ class ChangeFeed:
         for reader in self._readers:
             reader.notify()
 
+    def open_reader(self) -> FeedReader:
+        """A reader that receives every change announced from now on (close it after use)."""
+        reader = FeedReader(self._limit)
+        if not self._closed:
+            self._readers.add(reader)
+        return reader
+
+    def close_reader(self, reader: FeedReader) -> None:
+        self._readers.discard(reader)
+
     async def changes(self, *, resync_first: bool = True) -> AsyncGenerator[TaskChange, None]:
         """Every change announced from now on; first a ``resync`` unless ``resync_first`` is
         false. Ends when the feed closes."""
         if self._closed:
             return
-        reader = _Reader(self._limit)
-        self._readers.add(reader)
+        reader = self.open_reader()
         try:
             if resync_first:
                 yield RESYNC
             while True:
-                while reader.items:
-                    change = reader.items.popleft()
-                    if change is RESYNC:
-                        reader.overflowed = False
+                while (change := reader.take()) is not None:
                     yield change
                 if self.closed:
                     return
                 reader.wake = trio.Event()
                 await reader.wake.wait()
         finally:
-            self._readers.discard(reader)
+            self.close_reader(reader)
