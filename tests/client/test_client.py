@@ -71,7 +71,6 @@ def build_app(make_app: Callable[..., App], events: dict[str, trio.Event]) -> Ap
             await trio.sleep_forever()
         finally:
             events["cancelled"].set()
-        return "never"
 
     @app.tool()
     async def two_rounds(ctx: Context) -> str | InputRequired:

@@ -34,7 +34,7 @@ from tritask.transports.http import serve_http
 from tritask.transports.websocket import serve_websocket
 
 TRANSPORTS = ("http", "stdio", "websocket")
-TASKS_META = {"extensions": {"io.modelcontextprotocol/tasks": {}}}
+TASKS_META: dict[str, Any] = {"extensions": {"io.modelcontextprotocol/tasks": {}}}
 
 
 def tenant(ctx: Any) -> JSONValue:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tritask.client._sse import SseDecoder
 from tritask.client.errors import ProtocolViolation
+
+SURROGATES: tuple[Literal["Cs"]] = ("Cs",)
 
 
 def decode(chunks: list[bytes], max_bytes: int = 1 << 20) -> list[str]:
@@ -50,7 +54,7 @@ def test_oversize_lines_and_events_are_refused() -> None:
 events = st.lists(
     st.lists(
         st.text(
-            alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n"),
+            alphabet=st.characters(blacklist_categories=SURROGATES, blacklist_characters="\r\n"),
             max_size=20,
         ),
         min_size=1,

@@ -44,7 +44,9 @@ def examples() -> int:
     """``BOUNDED`` in the default profile; a chosen profile's ``max_examples`` otherwise."""
     if settings.get_current_profile_name() == "tritask":
         return BOUNDED
-    return settings.default.max_examples
+    current = settings.default
+    assert current is not None
+    return int(current.max_examples)
 
 
 @asynccontextmanager

@@ -19,13 +19,13 @@ from pathlib import Path
 import httpx
 import trio
 from hypothesis import settings
+from test_fuzz import FIXTURE, watched_logs
 
 from stress.fuzz import Fuzzer
 from stress.fuzz.drivers import HttpDriver, stdio_process, websocket
 from stress.fuzz.eras import LegacyEra, legacy_era
 from stress.fuzz.run import fuzz
 from stress.fuzz.session import tracebacks
-from test_fuzz import FIXTURE, watched_logs
 from tritask.cli import load_app
 from tritask.server.extension import ServeEnvironment
 from tritask.transports.http import serve_http
@@ -37,7 +37,9 @@ BOUNDED = 60
 def examples() -> int:
     if settings.get_current_profile_name() == "tritask":
         return BOUNDED
-    return settings.default.max_examples
+    current = settings.default
+    assert current is not None
+    return int(current.max_examples)
 
 
 def era() -> LegacyEra:

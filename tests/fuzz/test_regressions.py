@@ -34,7 +34,7 @@ from tritask.transports.stdio import serve_stdio
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "examples" / "conformance_fixture.py"
-TASKS = {"extensions": {TASKS_EXTENSION: {}}, "elicitation": {}}
+TASKS: dict[str, Any] = {"extensions": {TASKS_EXTENSION: {}}, "elicitation": {}}
 
 
 class Server:
@@ -227,7 +227,7 @@ async def test_a_task_whose_nursery_children_lack_a_capability_fails_with_32021(
     tmp_path: Path,
 ) -> None:
     async with fixture_server(tmp_path) as server:
-        tasks_only = {"extensions": {TASKS_EXTENSION: {}}}  # no elicitation declared
+        tasks_only: dict[str, Any] = {"extensions": {TASKS_EXTENSION: {}}}  # no elicitation
         _, body = await server.call(
             "tools/call", {"name": "multi_input", "arguments": {}}, tasks_only
         )

@@ -40,7 +40,7 @@ async def test_demo_tools_reach_their_documented_ends(autojump_clock: Any) -> No
         assert created["status"] == "working"
         report = await client.wait_task(str(created["taskId"]))
         assert report["status"] == "completed"
-        assert report["result"]["structuredContent"] == {  # type: ignore[index]
+        assert report["result"]["structuredContent"] == {
             "quarter": "Q1",
             "file": "report-Q1.csv",
             "key": created["taskId"],
@@ -48,20 +48,18 @@ async def test_demo_tools_reach_their_documented_ends(autojump_clock: Any) -> No
 
         deploy = await client.call_tool("deploy", {"service": "api"})
         asked = await client.wait_task(str(deploy["taskId"]), frozenset({"input_required"}))
-        assert list(asked["inputRequests"]) == ["confirm"]  # type: ignore[arg-type]
+        assert list(asked["inputRequests"]) == ["confirm"]
         await client.update_task(
             str(deploy["taskId"]), {"confirm": {"action": "accept", "content": {"confirm": True}}}
         )
         deployed = await client.wait_task(str(deploy["taskId"]))
-        assert deployed["result"]["content"] == [  # type: ignore[index]
-            {"type": "text", "text": "api deployed"}
-        ]
+        assert deployed["result"]["content"] == [{"type": "text", "text": "api deployed"}]
 
         fetched = await client.call_tool("flaky_fetch", {"failures": 2})
         before = trio.current_time()
         done = await client.wait_task(str(fetched["taskId"]), poll_seconds=0.01)
         assert done["status"] == "completed"
-        assert done["result"]["content"] == [  # type: ignore[index]
+        assert done["result"]["content"] == [
             {"type": "text", "text": "fetched orders after 3 attempts"}
         ]
         # Two retries: 0.5 s then 1 s on the store's (mock) clock.

@@ -46,6 +46,10 @@ def meta(caps: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
     return {PROTOCOL_VERSION_KEY: V, CLIENT_CAPABILITIES_KEY: caps or {}, **extra}
 
 
+def level_meta(level: str) -> dict[str, Any]:
+    return {**meta(), LOG_LEVEL_KEY: level}
+
+
 def headers(
     method: str | None,
     *,
@@ -74,7 +78,7 @@ class Recorder:
         self.messages.append(message)
 
     def of(self, method: str) -> list[dict[str, JSONValue]]:
-        return [m["params"] for m in self.messages if m["method"] == method]  # type: ignore[misc]
+        return [m["params"] for m in self.messages if m["method"] == method]
 
 
 async def call(
@@ -323,10 +327,10 @@ async def test_unsupported_version(app: App, method: str, with_headers: bool) ->
 
 
 async def test_unsupported_version_beats_a_bad_optional_field(app: App) -> None:
-    bad = meta(**{LOG_LEVEL_KEY: "loud"}) | {PROTOCOL_VERSION_KEY: "2025-11-25"}
+    bad = level_meta("loud") | {PROTOCOL_VERSION_KEY: "2025-11-25"}
     error = error_of(await call(app, "tools/list", meta_=bad), -32022)
     assert error["data"] == {"supported": ["2026-07-28"], "requested": "2025-11-25"}
-    error = error_of(await call(app, "tools/list", meta_=meta(**{LOG_LEVEL_KEY: "loud"})), -32602)
+    error = error_of(await call(app, "tools/list", meta_=level_meta("loud")), -32602)
     assert error["message"].startswith(f"params._meta {LOG_LEVEL_KEY} must be one of")
 
 
@@ -643,7 +647,7 @@ async def test_gating_follows_registration(make_app: Callable[..., App]) -> None
 
 # -- result shaping ------------------------------------------------------------------------------
 
-CACHEABLE = [
+CACHEABLE: list[tuple[str, dict[str, Any]]] = [
     ("server/discover", {}),
     ("tools/list", {}),
     ("prompts/list", {}),
@@ -651,7 +655,7 @@ CACHEABLE = [
     ("resources/templates/list", {}),
     ("resources/read", {"uri": "demo://readme"}),
 ]
-NOT_CACHEABLE = [
+NOT_CACHEABLE: list[tuple[str, dict[str, Any]]] = [
     ("tools/call", {"name": "echo", "arguments": {"text": "x"}}),
     ("prompts/get", {"name": "greet", "arguments": {"name": "Ann"}}),
     (
@@ -1117,7 +1121,11 @@ async def test_logging_only_with_log_level(app: App) -> None:
     assert emit.messages == []
     result_of(
         await call(
-            app, "tools/call", {"name": "chatty"}, meta_=meta(**{LOG_LEVEL_KEY: "info"}), emit=emit
+            app,
+            "tools/call",
+            {"name": "chatty"},
+            meta_=level_meta("info"),
+            emit=emit,
         )
     )
     assert emit.of("notifications/message") == [
@@ -1128,7 +1136,11 @@ async def test_logging_only_with_log_level(app: App) -> None:
     emit = Recorder()
     result_of(
         await call(
-            app, "tools/call", {"name": "chatty"}, meta_=meta(**{LOG_LEVEL_KEY: "error"}), emit=emit
+            app,
+            "tools/call",
+            {"name": "chatty"},
+            meta_=level_meta("error"),
+            emit=emit,
         )
     )
     assert [p["level"] for p in emit.of("notifications/message")] == ["error"]

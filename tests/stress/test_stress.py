@@ -24,7 +24,7 @@ def run(*argv: str) -> tuple[int, dict[str, Any]]:
     args = build_parser().parse_args([*argv, "--json"])
     reports: list[dict[str, Any]] = []
     original = cli.dump_report
-    cli.dump_report = lambda report, stream=None: reports.append(dict(report))  # type: ignore[assignment]
+    cli.dump_report = lambda report, stream=None: reports.append(dict(report))
     try:
         status = args.handler(args)
     finally:

@@ -21,7 +21,7 @@ Two reports of the same state (a push and a poll) count once.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Final
 
@@ -143,7 +143,7 @@ class TaskHandle:
         state = await self.wait(answer_inputs=answer_inputs, on_state=on_state)
         return outcome(state)
 
-    async def updates(self) -> AsyncIterator[TaskState]:
+    async def updates(self) -> AsyncGenerator[TaskState, None]:
         """Every distinct state from now on, ending with the terminal one.
 
         Answers nothing: respond to ``input_required`` states with ``respond``. Leaving the
@@ -297,11 +297,11 @@ class ToolCall:
             return self.immediate
         return await self.task.result(answer_inputs=answer_inputs, on_state=on_state)
 
-    def updates(self) -> AsyncIterator[TaskState]:
+    def updates(self) -> AsyncGenerator[TaskState, None]:
         """The task's states (nothing for a call that returned at once)."""
         return self.task.updates() if self.task is not None else _nothing()
 
 
-async def _nothing() -> AsyncIterator[TaskState]:
+async def _nothing() -> AsyncGenerator[TaskState, None]:
     return
     yield  # an async generator that yields nothing
