@@ -21,7 +21,7 @@ Two reports of the same state (a push and a poll) count once.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Final
 
