@@ -757,3 +757,65 @@ async def bench_soak(params: SoakParams) -> dict[str, Any]:
         ok=ok,
         completed=figures["completed"],
     )
+
+
+# -- bench suspended ----------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class SuspendedParams:
+    tasks: int = 10_000
+    baseline_tasks: int = 1_000
+    seconds: float = 12.0
+
+
+async def _suspended_side(side: str, tasks: int, seconds: float) -> dict[str, Any]:
+    argv = [
+        sys.executable,
+        "-m",
+        "stress.bench.suspended",
+        "--side",
+        side,
+        "--tasks",
+        str(tasks),
+        "--seconds",
+        str(seconds),
+    ]
+    done = await trio.run_process(argv, capture_stdout=True, capture_stderr=False)
+    figures: dict[str, Any] = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    return figures
+
+
+async def bench_suspended(params: SuspendedParams) -> dict[str, Any]:
+    """Idle waiting tasks on SQLite: suspended (sleeping durably or waiting for input) vs held
+    by their attempts; each side in a fresh process, measured over an idle window."""
+    suspended = await _suspended_side("suspended", params.tasks, params.seconds)
+    held = await _suspended_side("held", params.baseline_tasks, params.seconds)
+    free = (
+        suspended["attempts"] == 0
+        and suspended["scheduledRetries"] == 0
+        and suspended["awaitingSlot"] == 0
+        and suspended["runnerTrioTasks"] == suspended["runnerTrioTasksBefore"]
+        and suspended["writeCallsDuringIdle"] == 0
+        and not suspended["databaseChangedDuringIdle"]
+        and suspended["retainedObjectsPerTask"] < 1
+    )
+    ratio = {
+        "retainedObjectsPerTask": round(
+            held["retainedObjectsPerTask"] / max(suspended["retainedObjectsPerTask"], 0.001), 1
+        ),
+        "heldWriteCallsDuringIdle": held["writeCallsDuringIdle"],
+    }
+    return _result(
+        "suspended",
+        {
+            **attrs.asdict(params),
+            "store": "sqlite",
+            "target": "suspended tasks hold no attempt, timer or trio task, retain < 1 Python "
+            "object each, and make no write during the idle window",
+        },
+        suspended,
+        held,
+        ratio,
+        free,
+    )

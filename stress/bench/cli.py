@@ -1,4 +1,5 @@
-"""``python -m stress bench {core,tasks,scale,soak}``: benchmarks with their baselines."""
+"""``python -m stress bench {core,tasks,scale,soak,suspended}``: benchmarks with their
+baselines."""
 
 from __future__ import annotations
 
@@ -108,6 +109,29 @@ def register_bench(commands: Any, common: Callable[[argparse.ArgumentParser], No
     soak.add_argument("--ttl-ms", type=_positive, default=1_000)
     soak.add_argument("--reap-interval-ms", type=_positive, default=200)
     soak.set_defaults(handler=_handle_soak)
+
+    _add_suspended(kinds, common)
+
+
+def _add_suspended(kinds: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
+    suspended = kinds.add_parser(
+        "suspended",
+        help="idle waiting tasks on SQLite: suspended (durable sleep, input) vs held attempts",
+    )
+    common(suspended)
+    suspended.add_argument("--tasks", type=_positive, default=10_000)
+    suspended.add_argument("--baseline-tasks", type=_positive, default=1_000)
+    suspended.add_argument("--seconds", type=_positive_float, default=12.0, help="idle window")
+    suspended.set_defaults(handler=_handle_suspended)
+
+
+def _handle_suspended(args: argparse.Namespace) -> int:
+    from stress.bench.benchmarks import SuspendedParams, bench_suspended
+
+    params = SuspendedParams(
+        tasks=args.tasks, baseline_tasks=args.baseline_tasks, seconds=args.seconds
+    )
+    return _run(args, lambda: bench_suspended(params))
 
 
 def _run(args: argparse.Namespace, fn: Callable[[], Awaitable[dict[str, Any]]]) -> int:

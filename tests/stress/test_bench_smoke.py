@@ -162,3 +162,19 @@ def test_bench_soak_smoke() -> None:
     assert result["baseline"]["at"] == 500 and result["tritask"]["at"] == 1500
     assert result["baseline"]["peakRssKiB"] > 0 and result["tritask"]["peakRssKiB"] > 0
     assert isinstance(result["ratio"], float)
+
+
+@pytest.mark.skipif(not HAS_SQLITE, reason="the SQLite store is not installed")
+def test_bench_suspended_smoke() -> None:
+    result = bench("suspended", "--tasks", "600", "--baseline-tasks", "40", "--seconds", "1")
+    assert result["name"] == "suspended"
+    assert result["target_met"] is True
+    suspended, held = result["tritask"], result["baseline"]
+    assert suspended["tasks"] == 600 and held["tasks"] == 40
+    assert (suspended["attempts"], suspended["scheduledRetries"]) == (0, 0)
+    assert suspended["runnerTrioTasks"] == suspended["runnerTrioTasksBefore"]
+    assert suspended["writeCallsDuringIdle"] == 0
+    assert suspended["databaseChangedDuringIdle"] is False
+    # The baseline's attempts are held: one trio task and a lease each.
+    assert held["attempts"] == 40
+    assert held["runnerTrioTasks"] == held["runnerTrioTasksBefore"] + 40
