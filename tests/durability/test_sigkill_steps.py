@@ -211,11 +211,11 @@ def check_log(log: Path, shapes: dict[str, str], killed: set[int]) -> Counter[st
         assert all(position < first_seen for position, _ in began), (where, began, seen)
         # Only a step in flight at a kill runs once more: every earlier run was in a process
         # that was killed without the step returning there.
-        pids = [pid for _, pid in began]
+        pids = [run_pid for _, run_pid in began]
         assert len(set(pids)) == len(pids), (where, began)
-        returned_in = {pid for _, pid in seen}
-        for pid in pids[:-1]:
-            assert pid in killed and pid not in returned_in, (where, began, seen)
+        returned_in = {seen_pid for _, seen_pid in seen}
+        for earlier in pids[:-1]:
+            assert earlier in killed and earlier not in returned_in, (where, began, seen)
         assert len(effects[where]) <= len(pids)
         tally["steps"] += 1
         tally["reran"] += len(pids) > 1

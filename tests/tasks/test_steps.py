@@ -665,7 +665,7 @@ async def test_waiting_for_input_suspends_and_an_answer_resumes_the_task(
         )
         return f"{invoice['order']} {invoice['amount']} {answer}"
 
-    caps = {"extensions": {"io.modelcontextprotocol/tasks": {}}, "elicitation": {}}
+    caps: dict[str, Any] = {"extensions": {"io.modelcontextprotocol/tasks": {}}, "elicitation": {}}
     task_id = await env.create("refund", {"order": "A-1"}, caps=caps)
     await env.wait_status(task_id, "input_required", caps=caps)
     await trio.sleep(10)
