@@ -184,8 +184,11 @@ class TestAuthorizationServer:
     # -- the ASGI application ------------------------------------------------------------
 
     def metadata(self) -> dict[str, Any]:
-        return {
+        """RFC 8414. ``/authorize`` is listed (clients' models require it) but only refuses:
+        this server issues tokens by client credentials alone."""
+        document: dict[str, Any] = {
             "issuer": self.issuer,
+            "authorization_endpoint": f"{self.issuer}/authorize",
             "token_endpoint": f"{self.issuer}/token",
             "jwks_uri": f"{self.issuer}/jwks",
             "introspection_endpoint": f"{self.issuer}/introspect",
@@ -195,9 +198,13 @@ class TestAuthorizationServer:
                 "client_secret_basic",
                 "client_secret_post",
             ],
-            "response_types_supported": ["token"],
-            "scopes_supported": sorted({s for v in self.client_scopes.values() for s in v}),
+            "response_types_supported": ["code"],
+            "code_challenge_methods_supported": ["S256"],
         }
+        scopes = sorted({s for v in self.client_scopes.values() for s in v})
+        if scopes:
+            document["scopes_supported"] = scopes
+        return document
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
