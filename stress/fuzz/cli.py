@@ -11,6 +11,7 @@ designed crash, no unexpected traceback, and the server answered afterwards.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -23,6 +24,7 @@ import httpx
 import trio
 
 from stress.common import Checks, make_report
+from stress.fuzz.auth import Credentials, standard_faults
 from stress.fuzz.drivers import HttpDriver, stdio_process
 from stress.fuzz.eras import MODERN, Era, legacy_era
 from stress.fuzz.run import fuzz
@@ -47,6 +49,13 @@ def register_fuzz(commands: Any, common: Any) -> None:
         default="modern",
         help="2026-07-28 envelopes, or an initialize-era session (version drawn from --seed)",
     )
+    parser.add_argument(
+        "--oauth",
+        action="store_true",
+        help="auth on (HTTP): serve with --oauth-* flags against a loopback authorization "
+        "server; every request carries a bearer token, every 7th generated one a broken "
+        "credential that must be refused as RFC 6750 says (needs tritask[oauth])",
+    )
     parser.set_defaults(handler=_handle_fuzz)
 
 
@@ -60,6 +69,7 @@ def _handle_fuzz(args: argparse.Namespace) -> int:
         transport=args.transport,
         seed=args.seed,
         era=args.era,
+        oauth=args.oauth,
     )
     if args.json:
         from stress import cli  # its dump_report, which the stress tests capture
@@ -70,7 +80,7 @@ def _handle_fuzz(args: argparse.Namespace) -> int:
         print(f"fuzz: {'ok' if report['ok'] else 'FAILED'}", file=sys.stderr)
         for key in ("generatedRequests", "requests", "httpStatuses", "errorCodes"):
             print(f"  {key}: {inv.get(key)}", file=sys.stderr)
-        for key in ("tasksCreated", "tasksByFinalStatus", "tasksFailedInternal"):
+        for key in ("tasksCreated", "tasksByFinalStatus", "tasksFailedInternal", "credentials"):
             print(f"  {key}: {inv.get(key)}", file=sys.stderr)
         unexpected = inv.get("tasksFailedInternalUnexpected")
         print(f"  tasksFailedInternalUnexpected: {unexpected}", file=sys.stderr)
@@ -88,8 +98,11 @@ def run_fuzz(
     transport: str = "http",
     seed: int = 0,
     era: str = "modern",
+    oauth: bool = False,
 ) -> dict[str, Any]:
     """Serve ``app`` in a child process, fuzz it, and build the report."""
+    if oauth and transport != "http":
+        raise SystemExit("--oauth needs --transport http (authorization is HTTP-only)")
     chosen: Era = legacy_era(seed) if era == "legacy" else MODERN
     outcome: dict[str, Any] = {}
     started = time.perf_counter()
@@ -105,7 +118,7 @@ def run_fuzz(
                 outcome["fuzzer"], outcome["log"] = fuzzer, b"".join(stderr)
                 return
             outcome["fuzzer"], outcome["log"] = await _fuzz_http(
-                command, env, requests, seed, chosen
+                command, env, requests, seed, chosen, oauth
             )
 
     error = None
@@ -117,6 +130,7 @@ def run_fuzz(
     timings = {"processSeconds": round(time.perf_counter() - started, 3)}
     params = {"requests": requests, "store": store, "transport": transport, "seed": seed}
     params["era"] = chosen.name
+    params["oauth"] = oauth
     fuzzer = outcome.get("fuzzer")
     if fuzzer is not None:
         report = fuzzer.ledger.report()
@@ -138,6 +152,13 @@ def run_fuzz(
         checks.check("no unexpected traceback", found == expected, log_text[-2000:])
         checks.check("shut down cleanly", "tritask: shutting down" in log_text)
         checks.check("no violation", not report["violations"], "; ".join(report["violations"][:5]))
+        if fuzzer.credentials is not None:
+            refused = dict(sorted(fuzzer.credentials.refused.items()))
+            checks.figure("credentials", {"faultsRefused": refused})
+            checks.check(
+                "broken credentials were sent and refused",
+                sum(refused.values()) >= requests // fuzzer.credentials.every - 1,
+            )
     return make_report("tritask.stress.fuzz", params, checks, timings, error=error)
 
 
@@ -162,12 +183,34 @@ class _store_path:
 
 
 async def _fuzz_http(
-    command: list[str], env: dict[str, str], requests: int, seed: int, era: Era
+    command: list[str], env: dict[str, str], requests: int, seed: int, era: Era, oauth: bool
 ) -> tuple[Fuzzer, bytes]:
     stderr = bytearray()
-    async with trio.open_nursery() as nursery:
+    async with contextlib.AsyncExitStack() as stack:
+        bind = "127.0.0.1:0"
+        credentials: Credentials | None = None
+        if oauth:
+            from tritask.testing.oauth import free_port, running_authorization_server
+
+            server = await stack.enter_async_context(running_authorization_server())
+            port = free_port()
+            resource = f"http://127.0.0.1:{port}/mcp"
+            bind = f"127.0.0.1:{port}"
+            command = [
+                *command,
+                "--oauth-issuer", server.issuer,
+                "--oauth-jwks-uri", f"{server.issuer}/jwks",
+                "--oauth-resource", resource,
+                "--oauth-scope", "mcp",
+            ]  # fmt: skip
+            tokens = [server.mint(aud=resource, sub="fuzzer", exp_in=3600) for _ in range(3)]
+            faults = standard_faults(
+                server.mint(aud=resource, exp_in=-600), server.mint(aud="https://elsewhere/mcp")
+            )
+            credentials = Credentials(tokens, faults)
+        nursery = await stack.enter_async_context(trio.open_nursery())
         process = await trio.lowlevel.open_process(
-            [*command, "--http", "127.0.0.1:0"], stderr=subprocess.PIPE, env=env
+            [*command, "--http", bind], stderr=subprocess.PIPE, env=env
         )
         ready = trio.Event()
 
@@ -188,7 +231,9 @@ async def _fuzz_http(
                 raise RuntimeError(f"the server did not start: {bytes(stderr[-2000:])!r}")
             url = bytes(stderr).split(marker, 1)[1].split(b"\n", 1)[0].decode()
             async with httpx.AsyncClient(timeout=None) as client:
-                fuzzer = Fuzzer(HttpDriver(client, url), era, budget=requests)
+                fuzzer = Fuzzer(
+                    HttpDriver(client, url), era, budget=requests, credentials=credentials
+                )
                 await fuzz(fuzzer, examples=requests, shrink=False, seed=seed, fail_fast=False)
         finally:
             process.send_signal(signal.SIGINT)

@@ -41,6 +41,8 @@ class Reply:
     body: bytes = b""
     session_id: str | None = None
     """The ``Mcp-Session-Id`` an HTTP answer named (the legacy era's ``initialize``)."""
+    www_authenticate: str | None = None
+    """The challenge of an HTTP refusal (the auth-on mode checks it)."""
 
 
 Answer = Callable[[dict[str, Any]], Awaitable[None]]
@@ -139,12 +141,13 @@ class HttpDriver:
             ) as response:
                 kind = response.headers.get("content-type", "").split(";")[0].strip()
                 session_id = response.headers.get("mcp-session-id")
+                challenge = response.headers.get("www-authenticate")
                 if kind != "text/event-stream":
                     body = await response.aread()
                     reply = self._plain(response.status_code, kind, body, request_id)
                 else:
                     reply = await self._events(response, request_id, listen, answer, headers)
-                return attrs.evolve(reply, session_id=session_id)
+                return attrs.evolve(reply, session_id=session_id, www_authenticate=challenge)
 
     def _plain(self, status: int, kind: str, body: bytes, request_id: Any) -> Reply:
         if status == 202 and not body:
@@ -208,7 +211,7 @@ class HttpDriver:
         resume = {
             "accept": "text/event-stream",
             "last-event-id": last_id,
-            **{k: v for k, v in headers.items() if k.startswith("mcp-")},
+            **{k: v for k, v in headers.items() if k.startswith("mcp-") or k == "authorization"},
         }
         async with self.client.stream("GET", self.url, headers=resume) as resumed:
             kind = resumed.headers.get("content-type", "").split(";")[0].strip()

@@ -17,6 +17,7 @@ from typing import Any, Final
 import attrs
 import trio
 
+from stress.fuzz.auth import Credentials
 from stress.fuzz.drivers import Driver, Reply
 from stress.fuzz.eras import MODERN, TASKS_EXTENSION, Era
 from stress.fuzz.strategies import Catalogue, Pool, Step
@@ -198,8 +199,17 @@ class Ledger:
 class Fuzzer:
     """Sends steps over one ``Driver`` in one ``Era`` and checks what comes back."""
 
-    def __init__(self, driver: Driver, era: Era = MODERN, *, budget: int | None = None) -> None:
+    def __init__(
+        self,
+        driver: Driver,
+        era: Era = MODERN,
+        *,
+        budget: int | None = None,
+        credentials: Credentials | None = None,
+    ) -> None:
         self.driver = driver
+        self.credentials = credentials
+        """The auth-on mode (HTTP): bearer tokens on every request, broken ones now and then."""
         self.era = era
         self.ledger = Ledger()
         self.pool = Pool()
@@ -225,6 +235,7 @@ class Fuzzer:
         *,
         meta: Mapping[str, Any] | None = None,
         step: Step | None = None,
+        generated: bool = False,
     ) -> Reply:
         request_id: int | str = next(self._ids)
         if request_id % 3 == 0:
@@ -235,6 +246,11 @@ class Fuzzer:
         message, headers = self.era.request(
             request_id, method, params, capabilities or {}, meta=meta, param_headers=param_headers
         )
+        fault = None
+        if self.credentials is not None:
+            value, fault = self.credentials.pick(generated)
+            if value is not None:
+                headers["authorization"] = value
         listen = method == "subscriptions/listen"
         self.ledger.requests += 1
         self.ledger.methods[method] += 1
@@ -247,7 +263,7 @@ class Fuzzer:
             self.ledger.methods[f"(server) {asked}"] += 1
             outcome = answers.pop(0) if answers else {"error": {"code": -32601, "message": "no"}}
             response, response_headers = self.era.response(request.get("id"), outcome)
-            status = await self.driver.notify(response, response_headers)
+            status = await self.driver.notify(response, self._authorized(response_headers))
             if status is not None:
                 self.ledger.statuses[str(status)] += 1
                 if status >= 500:
@@ -257,17 +273,30 @@ class Fuzzer:
             reply = await self.driver.send(message, headers, listen=listen, answer=answer)
         except trio.TooSlowError:
             reply = Reply(None, (), None, ("no answer within the request timeout (a hang)",))
+        if fault is not None and self.credentials is not None:
+            for problem in self.credentials.check(fault, reply.status, reply.www_authenticate):
+                self.ledger.violate(problem, step, reply)
+            self.ledger.statuses[str(reply.status)] += 1
+            return reply
+        if self.credentials is not None and reply.status in (401, 403):
+            self.ledger.violate(f"HTTP {reply.status} for a valid token", step, reply)
         self._check(step, reply)
         return reply
+
+    def _authorized(self, headers: dict[str, str]) -> dict[str, str]:
+        if self.credentials is None:
+            return headers
+        return {**headers, "authorization": self.credentials.good()}
 
     async def open(self) -> None:
         """Send the era's opening (``initialize``, ``notifications/initialized``), if any."""
         for message in self.era.opening():
             if "id" not in message:
                 _, headers = self.era.notification(str(message["method"]), {})
-                await self.driver.notify(message, headers)
+                await self.driver.notify(message, self._authorized(headers))
                 continue
             _, headers = self.era.notification(str(message["method"]), {})
+            headers = self._authorized(headers)
             self.ledger.requests += 1
             self.ledger.methods[str(message["method"])] += 1
             reply = await self.driver.send(message, headers)
@@ -284,7 +313,7 @@ class Fuzzer:
             return None
         self.ledger.generated += 1
         reply = await self.call(
-            step.method, step.params, step.capabilities, meta=step.meta, step=step
+            step.method, step.params, step.capabilities, meta=step.meta, step=step, generated=True
         )
         await self._end_oldest_tasks()
         return reply

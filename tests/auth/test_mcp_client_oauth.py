@@ -19,7 +19,7 @@ from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuth
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 
-from tests.auth.oauth_app import Probe, serve_protected
+from auth.oauth_app import Probe, serve_protected
 from tritask.testing.oauth import TestAuthorizationServer
 
 

@@ -27,6 +27,7 @@ import trio
 from hypothesis import settings
 
 from stress.fuzz import Fuzzer
+from stress.fuzz.auth import DEFAULT_EVERY, Credentials, standard_faults
 from stress.fuzz.drivers import HttpDriver, stdio_process, websocket
 from stress.fuzz.run import fuzz
 from stress.fuzz.session import LogWatch, tracebacks
@@ -117,3 +118,52 @@ async def test_fuzz_stdio_process(tmp_path: Path) -> None:
     found, expected = tracebacks(log_text)
     assert found == expected, log_text[-6000:]
     assert "tritask: shutting down" in log_text
+
+
+@asynccontextmanager
+async def oauth_served(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[str, Credentials]]:
+    """The fixture behind ``BearerAuth`` (a loopback authorization server), with credentials
+    for the auth-on mode: refreshed tokens of one principal and the standard broken ones."""
+    from tritask.auth import BearerAuth, JWTVerifier
+    from tritask.testing.oauth import free_port, running_authorization_server
+    from tritask.transports.http import HttpOptions
+
+    app = load_app(f"{FIXTURE}:app")
+    env = ServeEnvironment(store_url=f"sqlite:{tmp_path / 'tasks.db'}")
+    port = free_port()
+    resource = f"http://127.0.0.1:{port}/mcp"
+    async with running_authorization_server() as server:
+        auth = BearerAuth(
+            resource=resource,
+            authorization_servers=[server.issuer],
+            verifier=JWTVerifier(server.issuer, f"{server.issuer}/jwks"),
+            required_scopes=["mcp"],
+        )
+        tokens = [server.mint(aud=resource, sub="fuzzer", exp_in=3600) for _ in range(3)]
+        faults = standard_faults(
+            server.mint(aud=resource, exp_in=-600), server.mint(aud="https://elsewhere/mcp")
+        )
+        serve = functools.partial(
+            serve_http, app, "127.0.0.1", port, options=HttpOptions(auth=auth)
+        )
+        async with app.running(env), trio.open_nursery() as nursery:
+            await nursery.start(serve)
+            yield resource, Credentials(tokens, faults)
+            nursery.cancel_scope.cancel()
+
+
+async def test_fuzz_streamable_http_with_oauth(tmp_path: Path) -> None:
+    """The auth-on mode: every request authenticated, every 7th generated one refused."""
+    async with (
+        watched_logs() as logs,
+        oauth_served(tmp_path) as (url, credentials),
+        httpx.AsyncClient(timeout=None) as client,
+    ):
+        fuzzer = Fuzzer(HttpDriver(client, url), credentials=credentials)
+        await fuzz(fuzzer, examples=examples())
+    assert_clean(fuzzer)
+    assert logs.tracebacks == []
+    assert sum(credentials.refused.values()) >= examples() // DEFAULT_EVERY - 1
+    assert len(credentials.refused) == len(credentials.faults)

@@ -19,9 +19,10 @@ from pathlib import Path
 import httpx
 import trio
 from hypothesis import settings
-from test_fuzz import FIXTURE, watched_logs
+from test_fuzz import FIXTURE, oauth_served, watched_logs
 
 from stress.fuzz import Fuzzer
+from stress.fuzz.auth import DEFAULT_EVERY
 from stress.fuzz.drivers import HttpDriver, stdio_process, websocket
 from stress.fuzz.eras import LegacyEra, legacy_era
 from stress.fuzz.run import fuzz
@@ -107,3 +108,19 @@ async def test_fuzz_legacy_stdio_process(tmp_path: Path) -> None:
     found, expected = tracebacks(log_text)
     assert found == expected, log_text[-6000:]
     assert "tritask: shutting down" in log_text
+
+
+async def test_fuzz_legacy_streamable_http_with_oauth(tmp_path: Path) -> None:
+    """The auth-on mode in a legacy session: initialize, every request and every answer to
+    the server's own requests authenticated; every 7th generated request refused."""
+    async with (
+        watched_logs() as logs,
+        oauth_served(tmp_path) as (url, credentials),
+        httpx.AsyncClient(timeout=None) as client,
+    ):
+        fuzzer = Fuzzer(HttpDriver(client, url), era(), credentials=credentials)
+        await fuzz(fuzzer, examples=examples())
+        assert isinstance(fuzzer.era, LegacyEra) and fuzzer.era.session_id
+    assert_clean(fuzzer)
+    assert logs.tracebacks == []
+    assert sum(credentials.refused.values()) >= examples() // DEFAULT_EVERY - 1

@@ -230,3 +230,28 @@ def test_fuzz_against_a_tritask_serve_process_on_sqlite(tmp_path: Path) -> None:
     assert inv["tasksFailedInternalUnexpected"] == 0
     assert inv["tracebacks"]["found"] == inv["tracebacks"]["fixtureCrashes"]
     assert all(inv["checks"].values())
+
+
+def test_fuzz_with_oauth_against_a_tritask_serve_process(tmp_path: Path) -> None:
+    """``python -m stress fuzz --oauth``: the serve process requires bearer tokens."""
+    status, report = run(
+        "fuzz", "--oauth", "--requests", "150", "--store", f"sqlite:{tmp_path / 'f.db'}"
+    )
+    inv = report["invariants"]
+    assert status == 0, inv["failures"]
+    assert report["params"]["oauth"] is True
+    assert inv["generatedRequests"] == 150
+    refused = inv["credentials"]["faultsRefused"]
+    assert set(refused) == {
+        "missing",
+        "basic scheme",
+        "empty bearer",
+        "malformed bearer",
+        "garbage bearer",
+        "expired",
+        "foreign audience",
+    }
+    assert sum(refused.values()) >= 150 // 7 - 1
+    assert inv["httpStatuses"]["401"] >= refused["missing"] + refused["expired"]
+    assert inv["tasksFailedInternalUnexpected"] == 0
+    assert all(inv["checks"].values())
