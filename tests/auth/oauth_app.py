@@ -74,13 +74,7 @@ def build_app(probe: Probe, **app_options: Any) -> App:
         )
         return json.dumps(answer)
 
-    @app.tool()
-    async def slow() -> str:
-        """Sleep (a task)."""
-        await trio.sleep_forever()
-        return "never"
-
-    app.add_extension(Tasks(task_support={"ask": "required", "slow": "required"}))
+    app.add_extension(Tasks(task_support={"ask": "required"}))
     return app
 
 

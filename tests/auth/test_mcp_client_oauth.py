@@ -60,7 +60,7 @@ async def test_discovery_token_call_and_step_up(
                 httpx2.AsyncClient(auth=provider, timeout=30) as http,
                 Client(
                     streamable_http_client(endpoint.url, http_client=http),
-                    mode=mode,  # type: ignore[arg-type]
+                    mode=mode,
                 ) as client,
             ):
                 who = await client.call_tool("whoami", {})
