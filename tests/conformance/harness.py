@@ -607,7 +607,7 @@ def run_conformance(
     with tempfile.TemporaryDirectory(prefix="tritask-conformance-") as scratch:
         target = output_dir or Path(scratch)
         with start_server(app) as server:
-            suite = run_suite(
+            result = run_suite(
                 server.url,
                 target,
                 requirements=requirements,
@@ -619,7 +619,7 @@ def run_conformance(
             began = time.monotonic()
             returncode = server.stop()
             stopped = time.monotonic() - began
-    return ConformanceRun(suite, returncode, server.stderr, stopped)
+    return ConformanceRun(result, returncode, server.stderr, stopped)
 
 
 # -- client mode: the suite drives examples/conformance_client.py --------------------------

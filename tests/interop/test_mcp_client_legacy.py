@@ -210,7 +210,8 @@ async def test_tool_input_becomes_an_elicitation_request(transport: str, tmp_pat
     assert len(asked) == 2
     assert all(isinstance(params, types.ElicitRequestFormParams) for params in asked)
     assert [params.message for params in asked] == ["What is your name?"] * 2
-    assert [params.requested_schema for params in asked] == [NAME_SCHEMA] * 2
+    forms = [params for params in asked if isinstance(params, types.ElicitRequestFormParams)]
+    assert [params.requested_schema for params in forms] == [NAME_SCHEMA] * 2
 
 
 async def test_task_tool_call_waits_for_the_task(transport: str, tmp_path: Path) -> None:

@@ -65,4 +65,5 @@ async def main(dsn: str, schema: str, owner: str, log: str) -> None:
 
 
 if __name__ == "__main__":
-    trio.run(main, *sys.argv[1:5])
+    dsn, schema, owner, log = sys.argv[1:5]
+    trio.run(main, dsn, schema, owner, log)

@@ -17,7 +17,7 @@ from tritask_postgres import PostgresStore
 
 from tritask.tasks.events import Event, EventKind
 from tritask.tasks.executor import Completed, ExecutionToken
-from tritask.tasks.model import TaskStatus, new_task
+from tritask.tasks.model import Snapshot, TaskStatus, new_task
 from tritask.tasks.runner import Runner
 from tritask.tasks.store import Action, Claimed, StaleLease, WorkerAuthority
 from tritask.tasks.work import Work
@@ -96,8 +96,8 @@ async def test_cancel_on_host_a_stops_the_attempt_on_host_b(pg_schemas: SchemaFa
                 await recorder.event(recorder.started, "long").wait()
             access = await host_a.authorize(_Anyone(), Action.CANCEL, "long")
             snapshot = await runner_a.cancel("long", access)
-            assert not isinstance(snapshot, type(None))
-            assert snapshot.task.status == TaskStatus.CANCELLED  # type: ignore[union-attr]
+            assert isinstance(snapshot, Snapshot)
+            assert snapshot.task.status == TaskStatus.CANCELLED
             # Heartbeats come every 200 s here: only the cancellation notification can do it.
             with trio.fail_after(30):
                 await recorder.event(recorder.cancelled, "long").wait()
@@ -164,8 +164,8 @@ async def test_three_runner_processes_one_killed(pg_schemas: SchemaFactory, tmp_
                     for task_id in [*task_ids, "doomed"]:
                         access = await admin.authorize(_Anyone(), Action.GET, task_id)
                         snapshot = await admin.get(task_id, access)
-                        assert not isinstance(snapshot, type(None))
-                        statuses.append(snapshot.task.status)  # type: ignore[union-attr]
+                        assert isinstance(snapshot, Snapshot)
+                        statuses.append(snapshot.task.status)
                     if all(status.is_terminal for status in statuses):
                         break
                     await trio.sleep(0.2)

@@ -71,7 +71,7 @@ def sqlite_store(
 
 
 @contextlib.contextmanager
-def raw(path: Path) -> Iterator[sqlite3.Connection]:
+def raw(path: str | Path) -> Iterator[sqlite3.Connection]:
     """A plain connection for inspecting or tampering with the file behind the store's back."""
     conn = sqlite3.connect(path, isolation_level=None)
     try:
@@ -948,6 +948,7 @@ async def test_records_keep_every_json_value_exactly(tmp_path: Path, value: Any)
         stored = await get(store, "task-1")
         assert stored == result.snapshot
         exact = functools.partial(json.dumps, sort_keys=True)  # 1 vs 1.0, -0.0, big ints
+        assert stored.work is not None
         assert exact(stored.work.input) == exact(value)
         assert exact(stored.task.result) == exact(done.data["result"])
         json.loads(stored_record(store.path))  # valid JSON text

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from typing import Any, Literal
 
 import h11
 import httpx
@@ -23,9 +23,9 @@ from tritask.server import App, Context
 from tritask.transports._h11server import WATCH_EXTENSION, ServerConfig, serve
 from tritask.transports.http import serve_http
 
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 V = "2026-07-28"
 
 
@@ -82,7 +82,7 @@ class Client:
         while isinstance(response, h11.InformationalResponse):
             response = await self.event()
         assert isinstance(response, h11.Response), response
-        parts = []
+        parts: list[bytes] = []
         while True:
             event = await self.event()
             if isinstance(event, h11.EndOfMessage):
@@ -121,7 +121,7 @@ def header(response: h11.Response, name: str) -> str | None:
 
 
 async def read_body(receive: Receive) -> bytes:
-    body = b""
+    body: bytes = b""
     while True:
         message = await receive()
         assert message["type"] == "http.request", message
@@ -471,7 +471,7 @@ async def test_client_disconnect_cancels_the_watched_scope(nursery: trio.Nursery
 
 
 async def test_client_disconnect_is_an_http_disconnect(nursery: trio.Nursery) -> None:
-    got: list[dict[str, Any]] = []
+    got: list[MutableMapping[str, Any]] = []
     done = trio.Event()
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -693,7 +693,6 @@ def mcp_app(make_app: Callable[..., App], steps: Steps) -> App:
             await trio.sleep_forever()
         finally:
             steps.cancelled.set()
-        return "unreachable"
 
     return app
 
@@ -784,7 +783,7 @@ async def test_disconnect_mid_request_cancels_the_tool(
 
 @pytest.mark.parametrize("server", ["tritask", "hypercorn"])
 async def test_serve_http_on_either_server(
-    nursery: trio.Nursery, mcp_app: App, server: str
+    nursery: trio.Nursery, mcp_app: App, server: Literal["tritask", "hypercorn"]
 ) -> None:
     urls: list[str] = await nursery.start(
         functools.partial(serve_http, mcp_app, "127.0.0.1", 0, server=server)

@@ -16,7 +16,7 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
 import attrs
@@ -964,7 +964,7 @@ async def test_inline_without_a_running_transport(app: App) -> None:
             await trio.sleep_forever()
             raise AssertionError
 
-        async def send(message: dict[str, Any]) -> None:
+        async def send(message: MutableMapping[str, Any]) -> None:
             sent.append(dict(message))
 
         scope = {"type": "http", "method": "POST", "path": "/mcp", "headers": headers}

@@ -42,7 +42,7 @@ from tritask.transports.http import HttpOptions
 
 RELATED = "io.modelcontextprotocol/related-task"
 ANONYMOUS = SimpleNamespace(principal=None)
-CLIENT_TASKS = {"list": {}, "cancel": {}}
+CLIENT_TASKS: dict[str, Any] = {"list": {}, "cancel": {}}
 
 
 class Probe:
@@ -185,7 +185,11 @@ async def test_a_required_tool_on_2025_06_18_asks_for_input_on_the_call_stream(
                 "method": "elicitation/create",
                 "params": {"message": "Your name?", "requestedSchema": NAME_FORM},
             }
-            answer = {"jsonrpc": "2.0", "id": 0, "result": {"action": "accept", "content": {}}}
+            answer: dict[str, Any] = {
+                "jsonrpc": "2.0",
+                "id": 0,
+                "result": {"action": "accept", "content": {}},
+            }
             answer["result"]["content"] = {"name": "Ada"}
             assert (await client.post(answer)).status_code == 202
             final = (await events.__anext__()).message

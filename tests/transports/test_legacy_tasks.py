@@ -41,8 +41,10 @@ START_US = parse_instant("2026-08-24T10:00:00.000Z")
 T0 = "2026-08-24T10:00:00.000Z"
 RELATED = "io.modelcontextprotocol/related-task"
 NAME_FORM = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
-TASK_CAPS = {"tasks": {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}}
-CLIENT_TASKS = {"list": {}, "cancel": {}}
+TASK_CAPS: dict[str, Any] = {
+    "tasks": {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
+}
+CLIENT_TASKS: dict[str, Any] = {"list": {}, "cancel": {}}
 """What the TypeScript SDK 1.32.2 declares when configured with tasks."""
 NOT_FOUND = {"code": -32602, "message": "Failed to retrieve task: Task not found"}
 REFUSED = {"code": -32602, "message": "That label is not allowed", "data": {"label": "x"}}
@@ -498,7 +500,7 @@ async def test_the_worker_context_stays_detached_and_its_relay_dies_with_the_req
         await peer.to_server.aclose()
         with trio.fail_after(10):
             await done.wait()
-        assert relay.closed  # the request is gone: its stream with it
+        assert (relay.closed,) == (True,)  # the request is gone: its stream with it
         w.probe.release.set()
         await w.wait_status("task-1", "completed")  # progress went nowhere, harmlessly
         await stdout.aclose()
@@ -933,7 +935,7 @@ async def test_progress_of_an_augmented_task_reaches_the_session_with_its_task(
         assert messages == [
             {"jsonrpc": "2.0", "id": 1, "result": {"task": task_of("task-1", "working")}},
             progress(1, 1, "started", **related),
-            progress(1, 2, **related),
+            progress(1, 2, None, **related),
             {
                 "jsonrpc": "2.0",
                 "method": "notifications/tasks/status",

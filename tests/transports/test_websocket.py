@@ -33,7 +33,7 @@ SERVER_INFO = {"io.modelcontextprotocol/serverInfo": {"name": "ws-test", "versio
 def request(request_id: int | str, method: str, **params: Any) -> str:
     meta = dict(META)
     meta.update(params.pop("_meta", {}))
-    message = {"jsonrpc": "2.0", "id": request_id, "method": method}
+    message: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
     message["params"] = {**params, "_meta": meta}
     return json.dumps(message)
 
