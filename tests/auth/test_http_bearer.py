@@ -348,3 +348,33 @@ async def test_the_raw_token_never_reaches_the_logs(
     for secret in (good, expired, "not-a-jwt"):
         assert secret not in text
         assert secret.split(".")[-1] not in text
+
+
+class _BrokenVerifier:
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    async def verify(self, token: str, resource: str) -> Any:
+        self.seen.append(token)
+        raise RuntimeError(f"bug while looking at {token}")
+
+
+async def test_a_failing_verifier_fails_closed_without_logging_the_token(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    auth = BearerAuth(
+        resource="https://mcp.example/mcp",
+        authorization_servers=["https://as.example"],
+        verifier=_BrokenVerifier(),
+    )
+    from tritask.auth import Refusal
+
+    caplog.set_level(logging.DEBUG)
+    token = "eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJhIn0.c2lnbmF0dXJlLXNpZ25hdHVyZQ"
+    with pytest.raises(Refusal) as refused:
+        await auth.authenticate([f"Bearer {token}"])
+    assert (refused.value.kind, refused.value.status) == ("unavailable", 503)
+    logged = "\n".join(record.getMessage() for record in caplog.records)
+    assert "the token verifier raised RuntimeError: bug while looking at [redacted]" in logged
+    for part in token.split("."):
+        assert part not in logged

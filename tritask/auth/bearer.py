@@ -51,6 +51,12 @@ RefusalKind = Literal[
 Principal = Callable[[AccessToken], JSONValue]
 
 
+def _redact(text: str, token: str) -> str:
+    for secret in (token, *(part for part in token.split(".") if len(part) >= 8)):
+        text = text.replace(secret, "[redacted]")
+    return text[:500]
+
+
 @attrs.frozen
 class Refusal(Exception):
     """Why a request's credentials were refused; :meth:`BearerAuth.refusal_response` renders it."""
@@ -188,6 +194,12 @@ class BearerAuth:
             raise Refusal(
                 "unavailable", error.description, retry_after_s=error.retry_after_s
             ) from None
+        except Exception as error:
+            # A verifier bug fails closed (503), and its message is logged without the token.
+            log.error(
+                "the token verifier raised %s: %s", type(error).__name__, _redact(str(error), token)
+            )
+            raise Refusal("unavailable", "Tokens cannot be verified now") from None
         if not isinstance(verified, AccessToken):
             raise TypeError("a TokenVerifier must return an AccessToken")
         verified = verified.with_hierarchy(self.hierarchy)

@@ -646,7 +646,9 @@ class _Connection:
         try:
             await self.app(self._scope(request), cycle.receive, cycle.send)
         except Exception:
-            log.exception("ASGI application failed on %s %r", request.method, request.target)
+            # The path only: a query string may carry credentials (``?access_token=``).
+            path = request.target.split(b"?", 1)[0]
+            log.exception("ASGI application failed on %s %r", request.method, path)
         finally:
             cycle.finished = True
             self.cycle = None
