@@ -12,7 +12,7 @@ import itertools
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from types import SimpleNamespace
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import attrs
 import trio
@@ -417,7 +417,7 @@ class HookedStore:
     async def aclose(self) -> None:
         await self.inner.aclose()
 
-    async def __aenter__(self) -> HookedStore:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -45,7 +45,7 @@ pytestmark = pytest.mark.contract("tasks-extension-lifecycle")
 
 SERVER_INFO = {"name": "tasks-test", "version": "0.1.0"}
 ACK = {"resultType": "complete", "_meta": {SERVER_INFO_KEY: SERVER_INFO}}
-REQUIRED_TASKS = {"requiredCapabilities": {"extensions": {EXTENSION_ID: {}}}}
+REQUIRED_TASKS: dict[str, Any] = {"requiredCapabilities": {"extensions": {EXTENSION_ID: {}}}}
 CONFIRM = elicitation(
     "Confirm delete",
     {"type": "object", "properties": {"confirmed": {"type": "boolean"}}, "required": ["confirmed"]},
@@ -330,7 +330,8 @@ async def test_task_methods_need_the_declaration_before_any_lookup(
 ) -> None:
     env = await basic_env(nursery)
     real = await env.create("slow")
-    for params in ({"taskId": "bogus"}, {"taskId": real}, {}, {"taskId": ""}):
+    cases: list[dict[str, Any]] = [{"taskId": "bogus"}, {"taskId": real}, {}, {"taskId": ""}]
+    for params in cases:
         if method == "tasks/update":
             params = {**params, "inputResponses": {"k": {}}}
         error = await env.error(method, params, tasks=False)

@@ -56,7 +56,6 @@ async def _env(nursery: trio.Nursery, **kw: Any) -> Env:
     async def block() -> str:
         """Waits until cancelled."""
         await trio.sleep_forever()
-        return "unreachable"
 
     @env.app.tool()
     async def ask(ctx: Context, payload: str = "") -> str:

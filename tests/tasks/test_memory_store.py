@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import trio
 import trio.testing
@@ -246,7 +248,7 @@ async def test_caller_mutation_cannot_reach_shared_input_state() -> None:
     await create(store, "t")
     claimed = await store.claim("t", "o", 1000)
     assert isinstance(claimed, Claimed)
-    request = {"method": "elicitation/create", "params": {"fields": ["a"]}}
+    request: dict[str, Any] = {"method": "elicitation/create", "params": {"fields": ["a"]}}
     event = Event.input_requested("k", request, id="ask")
     asked = await store.transition("t", 0, event, WorkerAuthority(claimed.lease))
     assert isinstance(asked, Transition)

@@ -130,7 +130,7 @@ async def test_the_feed_resyncs_first_delivers_in_order_and_a_laggard_gets_one_r
 
         nursery.start_soon(consume, feed.changes())
         await trio.testing.wait_all_tasks_blocked()
-        assert feed.active
+        assert (feed.active,) == (True,)  # a tuple: mypy keeps the earlier narrowing
         for change in changes:
             feed.announce(change)
             await trio.testing.wait_all_tasks_blocked()

@@ -35,6 +35,7 @@ async def _racing_env(nursery: trio.Nursery) -> tuple[Env, dict[str, int]]:
             await trio.lowlevel.checkpoint()
             for _ in range((pattern or [])[step] if pattern and step < len(pattern) else 0):
                 await trio.lowlevel.checkpoint()
+        assert ctx.task_id is not None
         returned[ctx.task_id] = returned.get(ctx.task_id, 0) + 1
         return f"raced {n}"
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from contextlib import AsyncExitStack, aclosing
 from typing import Any
 
@@ -298,7 +298,7 @@ async def test_task_ids_need_the_declaration(
 # -- over Streamable HTTP (real socket, real clock) ---------------------------------------------
 
 
-async def _sse(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+async def _sse(response: httpx.Response) -> AsyncGenerator[dict[str, Any], None]:
     data: list[str] = []
     async for line in response.aiter_lines():
         if line.startswith("data:"):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import trio
@@ -186,7 +186,7 @@ KNOWN = "known: 'export_report', 'sync_ledger'"
             f"Tasks(retry_policies=...): tool 'billing' is unknown; {KNOWN}",
         ),
         (
-            Tasks(task_support={"export_report": "sometimes"}),
+            Tasks(task_support=cast(Any, {"export_report": "sometimes"})),
             {},
             "Tasks(task_support=...): the policy of tool 'export_report' is 'sometimes'; "
             "expected 'sync', 'optional', 'required', a TaskOptions (required, with those "
