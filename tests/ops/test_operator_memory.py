@@ -186,6 +186,8 @@ async def test_list_shows_every_scope_with_leases_in_creation_order(
                 "live": True,
             },
             "inputRequests": [],
+            "steps": 0,
+            "suspended": None,
         }
         assert (ask["status"], ask["scope"], ask["inputRequests"]) == (
             "input_required",

@@ -153,6 +153,8 @@ async def test_every_command_against_the_store(target: Target) -> None:
             "live": True,
         },
         "inputRequests": [],
+        "steps": 0,
+        "suspended": None,
     }
     assert [t["taskId"] for t in listing["tasks"] if t["expired"]] == ["task-x"]
 

@@ -770,3 +770,51 @@ async def test_max_runtime_counts_running_time_only(
         "suspended",
         "completed",
     ]
+
+
+async def test_the_operator_view_shows_steps_and_suspension_but_no_outcome(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from tritask.ops.render import inspection_json, task_json
+    from tritask.tasks.store import TaskInspection
+
+    store = MemoryStore(scope="shared", clock=TrioClock(START_US))
+
+    async def secret() -> str:
+        return "card 4242 4242 4242 4242"
+
+    async def declined() -> None:
+        raise StepFailed("declined for card 4242")
+
+    async def script(work: Work, token: ExecutionToken) -> Any:
+        await token.step("charge", secret)
+        with pytest.raises(StepFailed):
+            await token.step("refund", declined)
+        await token.sleep("cooldown", 600)
+        return done("never")
+
+    runner, events = make_runner(store, script)
+    async with runner:
+        await create_raw(store, runner, "t1")
+        await wait_stops(events, "t1")
+        inspection = await store.inspect_task("t1")
+        assert isinstance(inspection, TaskInspection)
+        wake = format_instant(START_US + 3000 + 600_000_000)
+        shown = task_json(inspection.task)
+        assert (shown["steps"], shown["suspended"]) == (3, {"key": "cooldown", "until": wake})
+        ledger = inspection_json(inspection)["ledger"]
+        assert [(row["kind"], row.get("key"), row.get("outcome")) for row in ledger] == [
+            ("step_recorded", "charge", "result"),
+            ("step_recorded", "refund", "error"),
+            ("sleep_scheduled", "cooldown", None),
+            ("suspended", "cooldown", None),
+        ]
+        assert "4242" not in json_text(inspection_json(inspection))
+        access = await store.authorize(ANONYMOUS, Action.CANCEL, "t1")
+        await runner.cancel("t1", access)
+
+
+def json_text(value: Any) -> str:
+    import json
+
+    return json.dumps(value)

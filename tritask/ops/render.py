@@ -84,6 +84,10 @@ def task_json(task: StoredTask) -> JSONObject:
             "live": claim.live,
         },
         "inputRequests": sorted(record.input_requests),
+        "steps": len(snapshot.steps),
+        "suspended": None
+        if snapshot.suspended_key is None
+        else {"key": snapshot.suspended_key, "until": _instant(snapshot.suspended_until)},
     }
 
 
@@ -113,6 +117,13 @@ def _ledger_json(entry: LedgerEntry) -> JSONObject:
     elif event.kind in (EventKind.RETRY_REQUESTED, EventKind.FAILED):
         shown["statusMessage"] = data["statusMessage"]
         shown["error"] = _error(data["error"])
+    elif event.kind is EventKind.STEP_RECORDED:  # the key and whether it failed, no payload
+        shown["key"] = data["key"]
+        shown["outcome"] = "error" if "error" in data["outcome"] else "result"
+    elif event.kind in (EventKind.STEP_STARTED, EventKind.SLEEP_SCHEDULED, EventKind.SUSPENDED):
+        shown["key"] = data["key"]
+        if event.kind is EventKind.SLEEP_SCHEDULED:
+            shown["delayMs"] = data["delayMs"]
     retry = entry.effects.retry
     if retry is not None:
         shown["retry"] = {

@@ -1049,6 +1049,25 @@ class StoreContract:
             assert again.snapshot.steps == steps  # what the next attempt replays
             assert again.snapshot.retry_count == 1
 
+    async def test_an_interrupted_at_most_once_marker_reaches_the_next_attempt(self) -> None:
+        async with self.store() as store:
+            await self.create(store, "task-1")
+            old = await self.claimed(store, "task-1")
+            event_id = derived_event_id("task-1", EventKind.STEP_STARTED, "charge")
+            marker = Event.step_started("charge", "fp", id=event_id)
+            await self.applied(store, "task-1", 0, marker, WorkerAuthority(old))
+            await self.advance(LEASE_MS)  # the attempt died before recording an outcome
+            claimed = await store.claim("task-1", "owner-2", LEASE_MS)
+            assert isinstance(claimed, Claimed)
+            assert claimed.lease.generation == old.generation + 1
+            assert claimed.snapshot.steps == {
+                "charge": {"kind": "step", "fingerprint": "fp", "outcome": None}
+            }
+            # The dead attempt's resend of its marker is fenced; the record stays as it was.
+            with pytest.raises(StaleLease):
+                await store.transition("task-1", 0, marker, WorkerAuthority(old))
+            assert await self.get_snapshot(store, "task-1") == claimed.snapshot
+
     async def test_a_stale_attempts_step_is_refused(self) -> None:
         async with self.store() as store:
             await self.create(store, "task-1")
