@@ -378,3 +378,45 @@ async def test_a_failing_verifier_fails_closed_without_logging_the_token(
     assert "the token verifier raised RuntimeError: bug while looking at [redacted]" in logged
     for part in token.split("."):
         assert part not in logged
+
+
+async def test_app_auth_is_used_and_exclusive_with_authenticate(
+    auth_server: TestAuthorizationServer,
+) -> None:
+    import functools
+
+    import httpx
+    import trio
+
+    from auth.oauth_app import build_app
+    from tritask.testing.oauth import free_port
+    from tritask.transports.http import HttpOptions, HttpTransport, serve_http
+
+    port = free_port()
+    resource = f"http://127.0.0.1:{port}/mcp"
+    auth = BearerAuth(
+        resource=resource,
+        authorization_servers=[auth_server.issuer],
+        verifier=JWTVerifier(auth_server.issuer, f"{auth_server.issuer}/jwks"),
+    )
+    app = build_app(Probe(), auth=auth)
+
+    async def anyone(headers: Any) -> str:
+        return "anyone"
+
+    with pytest.raises(ValueError, match="either authenticate= or auth="):
+        HttpTransport(app, HttpOptions(authenticate=anyone))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(functools.partial(serve_http, app, "127.0.0.1", port))
+        async with httpx.AsyncClient() as client:
+            refused = await client.post(
+                resource,
+                content=b'{"jsonrpc":"2.0","id":1,"method":"ping"}',
+                headers={
+                    "content-type": "application/json",
+                    "accept": "application/json, text/event-stream",
+                },
+            )
+            assert refused.status_code == 401
+            assert refused.headers["www-authenticate"].startswith('Bearer resource_metadata="')
+        nursery.cancel_scope.cancel()

@@ -202,7 +202,7 @@ def challenge(
     """A ``WWW-Authenticate: Bearer …`` value: ``error`` first, ``error_description`` last.
 
     ``error`` is ``None`` when the request carried no credentials (RFC 6750 §3.1: no error
-    code then).
+    code then, and so no description either).
     """
     parts: list[str] = []
     if error is not None:
@@ -216,7 +216,7 @@ def challenge(
         if text:
             parts.append(f'scope="{text}"')
         parts.append(f'resource_metadata="{resource_metadata}"')
-    if description:
+    if description and error is not None:
         clean = sanitize_description(description)
         if clean:
             parts.append(f'error_description="{clean}"')
