@@ -818,3 +818,40 @@ def json_text(value: Any) -> str:
     import json
 
     return json.dumps(value)
+
+
+async def test_a_recovering_runner_resumes_each_of_its_suspended_sleeps_at_its_instant(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Recovery polls only every 100 s here; the runner still wakes at each wake instant."""
+    clock = TrioClock(START_US)
+    store = MemoryStore(scope="shared", clock=clock)
+    woke: dict[str, int] = {}
+
+    async def script(work: Work, token: ExecutionToken) -> Any:
+        await token.sleep("nap", work.input["seconds"])
+        woke[token.task_id] = clock()
+        return done("ok")
+
+    runner, _ = make_runner(store, script, recover=True, recovery_interval_ms=100_000)
+    async with runner:
+        for name, seconds in (("late", 90), ("soon", 30), ("mid", 60)):
+            work = Work(idempotency_key=name, type="job", input={"seconds": seconds})
+            await create_raw(store, runner, name, work=work)
+        for name in ("late", "soon", "mid"):
+            await final(store, name, interval=1.0)
+    wakes = {}
+    for name in ("late", "soon", "mid"):
+        snapshot = await raw_snapshot(store, name)
+        assert isinstance(snapshot, Snapshot)
+        wakes[name] = step_wake_at_of(snapshot)
+    for name in ("late", "soon", "mid"):
+        assert 0 <= woke[name] - wakes[name] < 10_000, (name, woke[name] - wakes[name])
+
+
+def step_wake_at_of(snapshot: Snapshot) -> int:
+    from tritask.tasks.model import step_wake_at
+
+    wake = step_wake_at(snapshot.steps["nap"])
+    assert wake is not None
+    return wake

@@ -13,6 +13,7 @@ work up again with ``claim_next``.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import contextvars
 import functools
@@ -114,6 +115,8 @@ EXECUTOR_FAILED = "Durable task executor failed"
 NO_EXECUTOR = "Recovered work has no configured executor"
 MAX_RUNTIME = "Task exceeded its maximum runtime"
 SLEEP_FINGERPRINT = "sleep"
+MAX_KNOWN_WAKES = 256
+"""How many wake instants of suspended sleeps a recovering runner keeps (the earliest)."""
 
 _STEP_BODY: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "tritask_step_body", default=None
@@ -299,8 +302,9 @@ class Runner:
         """A durable sleep with longer than this left suspends the task (``None``: never)."""
         self.suspend_input_after_ms = suspend_input_after_ms
         """An input wait longer than this suspends the task (``None``: never)."""
-        self._next_wake = math.inf
-        """The earliest wake (trio clock) of a sleep this runner suspended: recovery runs then."""
+        self._wakes: list[float] = []
+        """The earliest wakes (trio clock, sorted, at most :data:`MAX_KNOWN_WAKES`) of sleeps
+        this runner suspended: its recovery pass runs at each; polling covers the rest."""
         self._jobs: dict[str, _Job] = {}
         self._contexts: dict[str, Context] = {}
         self._retry_scopes: dict[str, trio.CancelScope] = {}
@@ -1495,29 +1499,38 @@ class Runner:
 
     async def _recovery_loop(self) -> None:
         while True:
-            if self._next_wake <= trio.current_time():
-                self._next_wake = math.inf
+            now = trio.current_time()
+            while self._wakes and self._wakes[0] <= now:
+                self._wakes.pop(0)
             try:
                 await self.recover_once()
             except Exception:
                 log.exception("recovery pass failed")
             deadline = trio.current_time() + self.recovery_interval_ms / 1000
-            with trio.move_on_at(min(deadline, self._next_wake)):
+            if self._wakes:
+                deadline = min(deadline, self._wakes[0])
+            with trio.move_on_at(deadline):
                 await self._recover_soon.wait()
             self._recover_soon = trio.Event()
 
     def _wake_later(self, task_id: str, delay_ms: int) -> None:
         """A task this runner suspended for a durable sleep is due in ``delay_ms``.
 
-        A recovering runner keeps only the earliest such instant (its recovery pass then
-        claims whatever is due, and polling covers the rest), so suspended tasks cost it no
-        memory; a runner without recovery claims the task itself when it is due.
+        A recovering runner keeps the instant (at most :data:`MAX_KNOWN_WAKES` of the earliest,
+        so suspended tasks cost it bounded memory, never a task or a timer each) and runs its
+        recovery pass then, which claims whatever is due; polling covers the rest. A runner
+        without recovery claims the task itself when it is due.
         """
         if self.recover:
             at = trio.current_time() + delay_ms / 1000
-            if at < self._next_wake:
-                self._next_wake = at
-                self._recover_soon.set()  # the loop then waits for the earlier instant
+            wakes = self._wakes
+            if len(wakes) >= MAX_KNOWN_WAKES and at >= wakes[-1]:
+                return  # later than every wake kept: the polling finds it
+            bisect.insort(wakes, at)
+            if len(wakes) > MAX_KNOWN_WAKES:
+                wakes.pop()
+            if wakes[0] == at:
+                self._recover_soon.set()  # the loop then waits for this earlier instant
         else:
             self._schedule_retry(task_id, delay_ms)
 
