@@ -218,7 +218,7 @@ KNOWN = "known: 'export_report', 'sync_ledger'"
             {"tsk": "required"},
             "tool 'export_report': the @app.tool keyword 'tsk' is unknown (did you mean "
             "'task'?); known: 'annotations', 'description', 'input_schema', 'meta', 'name', "
-            "'output_schema', 'restartable', 'task', 'title'",
+            "'output_schema', 'required_scopes', 'restartable', 'task', 'title'",
         ),
     ],
     ids=[
@@ -282,7 +282,8 @@ def test_an_option_without_any_extension_names_no_reader() -> None:
         app.check()
     assert str(refused.value) == (
         "tool 'export': the @app.tool keyword 'task' is unknown; known: 'annotations', "
-        "'description', 'input_schema', 'meta', 'name', 'output_schema', 'restartable', 'title'"
+        "'description', 'input_schema', 'meta', 'name', 'output_schema', 'required_scopes', "
+        "'restartable', 'title'"
     )
 
 

@@ -31,19 +31,6 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_./-]{1,64}$")
 
-_TOOL_KEYWORDS: frozenset[str] = frozenset(
-    {
-        "name",
-        "description",
-        "title",
-        "input_schema",
-        "output_schema",
-        "annotations",
-        "meta",
-        "restartable",
-    }
-)
-"""``App.tool``'s own keywords (suggested when an extension option is misspelt)."""
 
 Authorize = Callable[[Context, str, str], Awaitable[None]]
 """``authorize(ctx, kind, name)``: raise a JSON-RPC error to refuse (kind: tool/prompt/resource)."""
@@ -347,7 +334,7 @@ class App:
                 raise ConfigurationError.unknown(
                     f"tool {tool.name!r}: the @app.tool keyword",
                     unknown[0],
-                    claimed | _TOOL_KEYWORDS,
+                    claimed | _tool_keywords(),
                 )
         for extension in self.extensions.values():
             extension.check(self)
@@ -670,6 +657,13 @@ class App:
             if variables is not None:
                 return template, variables
         return None
+
+
+def _tool_keywords() -> set[str]:
+    """``App.add_tool``'s own keywords, read from its signature (so never stale): suggested
+    when an extension option is misspelt."""
+    parameters = inspect.signature(App.add_tool).parameters.values()
+    return {p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY}
 
 
 def json_schema_for(annotation: Any) -> dict[str, JSONValue]:
