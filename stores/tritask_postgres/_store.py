@@ -55,7 +55,14 @@ from tritask.jsonrpc import loads
 from tritask.tasks._time import MAX_INSTANT, Clock
 from tritask.tasks.changes import ChangeFeed, TaskChange
 from tritask.tasks.events import Event, EventKind, effects_from_json, effects_to_json
-from tritask.tasks.model import CorruptRecord, Snapshot, Task, initial_snapshot, snapshot_from_json
+from tritask.tasks.model import (
+    CorruptRecord,
+    Snapshot,
+    Task,
+    clone_snapshot,
+    initial_snapshot,
+    snapshot_from_json,
+)
 from tritask.tasks.model import snapshot_to_json as _record_json
 from tritask.tasks.reducer import apply
 from tritask.tasks.store import (
@@ -139,6 +146,8 @@ _BUSY_ERRORS: Final = (
 #: What makes a batch's first round trip fail as a whole (the transaction is then rolled back
 #: and each item runs alone): a server error on any statement, or a lost connection.
 _BATCH_ERRORS: Final = (psycopg.Error,)
+#: Decoded records remembered for the settles that follow their creation (``_remember``).
+_KNOWN_LIMIT: Final = 1024
 _CLOCK_SQL: Final = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
 _INSTANT_SQL: Final = (
     "(to_char(to_timestamp(n.now / 1000000) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.')"
@@ -273,7 +282,10 @@ class _Plan:
         return self.answer
 
 
-def _decode_row(values: tuple[Any, ...]) -> _Row:
+def _decode_row(values: tuple[Any, ...], known: dict[str, Snapshot] | None = None) -> _Row:
+    """Decode and validate a row. ``known``: snapshots this store decoded from record texts
+    it wrote (see ``PostgresStore._remember``); a record equal to one of them byte for byte is
+    that snapshot (decoding is a function of the text), taken out so it is handed out once."""
     (
         task_id,
         record,
@@ -292,10 +304,12 @@ def _decode_row(values: tuple[Any, ...]) -> _Row:
     def corrupt(reason: str) -> NoReturn:
         raise CorruptStore(task_id, reason)
 
-    try:
-        snapshot = snapshot_from_json(loads(record))
-    except (CorruptRecord, CodecError, ValueError, TypeError) as exc:
-        corrupt(f"undecodable record: {exc}")
+    snapshot = None if known is None else known.pop(record, None)
+    if snapshot is None:
+        try:
+            snapshot = snapshot_from_json(loads(record))
+        except (CorruptRecord, CodecError, ValueError, TypeError) as exc:
+            corrupt(f"undecodable record: {exc}")
     task = snapshot.task
     if task.id != task_id:
         corrupt("the record's task id differs from its row")
@@ -432,6 +446,7 @@ class PostgresStore:
         self._store_id: str | None = None
         self._pool: ConnectionPool | None = None
         self._batcher: Batcher | None = None
+        self._known: dict[str, Snapshot] = {}
         self._listeners: set[Conn] = set()
         self._closed = False
         self._q = _Queries(self._schema, clock is not None)
@@ -659,6 +674,8 @@ class PostgresStore:
             raise CorruptStore(task.id, f"undecodable record: {exc}") from exc
         if snapshot.task.created_at != created_at or snapshot.task.id != task.id:
             raise CorruptStore(task.id, "the inserted record disagrees with its row")
+        if claim is not None:
+            self._remember(stored, snapshot)
         if owner is None or token is None or expires_at is None:
             return snapshot, None
         lease = Lease(
@@ -1056,7 +1073,7 @@ class PostgresStore:
         values = locked.fetchone()
         if values is None:
             return _Plan(NOT_FOUND)
-        row = _decode_row(values)
+        row = _decode_row(values, self._known)
         seen = read.fetchone()
         assert seen is not None
         now = int(seen[0])
@@ -1133,6 +1150,14 @@ class PostgresStore:
             committed_at=committed_at,
         )
         return _Plan(applied, (query, fields), written=True)
+
+    def _remember(self, record: str, snapshot: Snapshot) -> None:
+        """Keep the store's own copy of a claimed task's decoded record, keyed by the exact text
+        stored, so the settle that follows need not decode it again (bounded, oldest out)."""
+        known = self._known
+        if len(known) >= _KNOWN_LIMIT:
+            del known[next(iter(known))]
+        known[record] = clone_snapshot(snapshot)
 
     # -- group commit -------------------------------------------------------------------------
 
