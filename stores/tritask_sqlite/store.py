@@ -69,6 +69,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import random
 import sqlite3
 import sys
 import time
@@ -531,6 +532,10 @@ class SqliteStore:
         self._conn: sqlite3.Connection | None = None
         self._lane: Lane | None = None
         self._recent: dict[str, _Recent] = {}
+        # Claim tokens of new tasks: random version 4 UUIDs from a generator seeded by the
+        # system's, since ``uuid4()`` is a system call per task on the hot path (which hands
+        # the GIL away). They fence this store's own writers; nothing outside sees them.
+        self._tokens = random.Random(os.urandom(32))
         self._lock_fd: int | None = None
         self._store_uuid = ""
         self._epoch = 0
@@ -975,7 +980,7 @@ class SqliteStore:
         ttl_us = None if task.ttl_ms is None else task.ttl_ms * 1000
         # Drawn here: in the worker thread its system call would hand the GIL away in the
         # middle of the serialised section.
-        token = str(uuid.uuid4())
+        token = str(uuid.UUID(int=self._tokens.getrandbits(128), version=4))
         record_task = document["task"]
         assert isinstance(record_task, dict)
         pieces: list[str] | None = None
