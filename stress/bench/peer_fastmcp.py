@@ -65,7 +65,9 @@ async def serve(concurrency: int) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", lifespan="on")
+    # The benchmark keeps its stats connection idle while the clients run (as for hypercorn
+    # in stress.bench.servers: 75 s), so uvicorn's 5 s keep-alive default would close it.
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_keep_alive=75)
     server = uvicorn.Server(config)
     serving = asyncio.ensure_future(server.serve(sockets=[sock]))
     while not server.started:
