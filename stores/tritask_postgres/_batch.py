@@ -7,11 +7,12 @@ are each at most two round trips of pipelined statements (lock and read, then wr
 batch of them costs the same two round trips and one commit for all.
 
 How: a caller submits an :class:`Item` and waits. When fewer than ``max_inflight`` batches
-run, the caller at the head of the queue becomes the *leader*: it takes up to ``max_batch``
-queued items (its own first) and awaits the store's ``run_batch(items)`` in a shielded scope
-(the batch belongs to every caller in it, so the leader's own cancellation cannot abort it;
-the statement and lock timeouts bound it). When it is done, the head of the queue leads the
-next one. The per-caller rules are the SQLite lane's:
+run (one by default: two side by side made smaller batches and cost more CPU per task, in
+tritask and in PostgreSQL), the caller at the head of the queue becomes the *leader*: it
+takes up to ``max_batch`` queued items (its own first) and awaits the store's
+``run_batch(items)`` in a shielded scope (the batch belongs to every caller in it, so the
+leader's own cancellation cannot abort it; the statement and lock timeouts bound it). When
+it is done, the head of the queue leads the next one. The per-caller rules are the SQLite lane's:
 
 * *A failing operation fails alone.* ``run_batch`` decides each item apart; an item whose
   decision raises wrote nothing. When the batch's transaction itself fails (a statement error
@@ -39,7 +40,7 @@ import trio
 __all__ = ["Batcher", "Item"]
 
 DEFAULT_MAX_BATCH: Final = 64
-DEFAULT_MAX_INFLIGHT: Final = 2
+DEFAULT_MAX_INFLIGHT: Final = 1
 
 _State = Literal["queued", "running", "done", "withdrawn"]
 
