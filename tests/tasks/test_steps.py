@@ -855,3 +855,80 @@ def step_wake_at_of(snapshot: Snapshot) -> int:
     wake = step_wake_at(snapshot.steps["nap"])
     assert wake is not None
     return wake
+
+
+async def test_a_sync_step_runs_in_a_thread_and_sees_the_cancel_flag() -> None:
+    """Real clock: a thread cannot be interrupted, so the step's body polls ctx.cancelled;
+    cancel commits first, the flag is set, the runner waits for the thread, nothing is recorded."""
+    import threading
+    import time
+
+    from helpers import start_env
+
+    ran: list[str] = []
+    entered = threading.Event()
+
+    def blocking_refund(ctx: Context, amount: int) -> str:
+        ran.append(f"refund {amount} in {threading.current_thread().name != 'MainThread'}")
+        entered.set()
+        deadline = time.monotonic() + 10
+        while not ctx.cancelled and time.monotonic() < deadline:
+            time.sleep(0.001)
+        ran.append("saw the cancel" if ctx.cancelled else "timed out")
+        return "late"
+
+    def quick(amount: int) -> int:
+        return amount * 2
+
+    async with trio.open_nursery() as nursery:
+        env = await start_env(nursery, task_support={"pay": "required", "double": "required"})
+
+        @env.app.tool(name="double", description="Double in a thread")
+        async def double(ctx: Context, amount: int) -> str:
+            value = await ctx.step("double", quick, amount, thread=True)
+            with pytest.raises(TypeError, match="must be async"):
+                await ctx.step("not-async", quick, amount)
+            return str(value)
+
+        @env.app.tool(name="pay", description="Pay in a thread")
+        async def pay(ctx: Context, amount: int) -> str:
+            return str(
+                await ctx.step(
+                    "refund", blocking_refund, ctx, amount, thread=True, fingerprint="refund"
+                )
+            )
+
+        doubled = await env.create("double", {"amount": 21})
+        detail = await env.wait_status(doubled, "completed")
+        assert detail["result"]["content"][0]["text"] == "42"
+        task_id = await env.create("pay", {"amount": 5})
+        await trio.to_thread.run_sync(entered.wait, 10)
+        access = await env.memory.authorize(ANONYMOUS, Action.CANCEL, task_id)
+        with trio.fail_after(10):
+            result = await env.runner.cancel(task_id, access)
+        assert isinstance(result, Snapshot) and result.task.status is TaskStatus.CANCELLED
+        assert ran == ["refund 5 in True", "saw the cancel"]  # returned only after the thread
+        assert (await env.snapshot(task_id)).steps == {}
+        assert env.history_kinds(task_id) == ["cancelled"]
+        nursery.cancel_scope.cancel()
+
+
+def test_step_events_refuse_bad_keys_outcomes_and_oversized_results() -> None:
+    from tritask.tasks.events import InvalidEvent
+
+    with pytest.raises(InvalidEvent, match="step key"):
+        Event.step_recorded("", "fp", {"result": 1})
+    with pytest.raises(InvalidEvent, match="step key"):
+        Event.sleep_scheduled("k" * 201, 10)
+    with pytest.raises(InvalidEvent, match="fingerprint"):
+        Event.step_started("k", "")
+    with pytest.raises(InvalidEvent, match="step outcome must be"):
+        Event.step_recorded("k", "fp", {"result": 1, "error": {"code": 1, "message": "x"}})
+    with pytest.raises(InvalidEvent, match="step error"):
+        Event.step_recorded("k", "fp", {"error": {"code": "1", "message": "x"}})
+    with pytest.raises(InvalidEvent, match="limited to 65536 bytes"):
+        Event.step_recorded("k", "fp", {"result": "x" * MAX_STEP_OUTCOME_BYTES})
+    with pytest.raises(InvalidEvent, match="delayMs"):
+        Event.sleep_scheduled("k", -1)
+    fits = Event.step_recorded("k", "fp", {"result": "x" * (MAX_STEP_OUTCOME_BYTES - 13)})
+    assert Event.from_json(fits.to_json()) == fits
