@@ -4,17 +4,18 @@ They wrap any :class:`~tritask.tasks.store.Store` through the protocol only, so 
 workloads run unchanged on the memory, SQLite and PostgreSQL stores.
 
 The optional capabilities runners detect on the store's *class* (``settle``,
-``create_claimed_stamped``, ``renew_all``) are offered by a wrapper exactly when its inner store
-offers them: constructing a wrapper picks (and caches) a subclass of it with those methods mixed
-in. A wrapper changes what they do by overriding the hooks ``_settle``,
-``_create_claimed_stamped`` and ``_renew_all``, never the public names (that would offer them
-unconditionally); one that must not offer ``renew_all`` (its ``renew`` models something a
-batch would bypass) sets ``batch_renewal = False``.
+``create_claimed_stamped``, ``renew_all``, ``submit``, ``listen_queue``) are offered by a
+wrapper exactly when its inner store offers them: constructing a wrapper picks (and caches) a
+subclass of it with those methods mixed in. A wrapper changes what they do by overriding the
+hooks ``_settle``, ``_create_claimed_stamped``, ``_renew_all`` and ``_submit``, never the public
+names (that would offer them unconditionally); one that must not offer ``renew_all`` (its
+``renew`` models something a batch would bypass) sets ``batch_renewal = False``.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any, ClassVar, Self, cast
 
@@ -27,6 +28,7 @@ from tritask.tasks.store import (
     Action,
     Authority,
     Claimed,
+    Concurrency,
     Conflict,
     Deferred,
     Lease,
@@ -37,8 +39,10 @@ from tritask.tasks.store import (
     Transition,
     Unavailable,
     WorkerAuthority,
+    queues,
     renews_leases,
     settles,
+    signals_queue,
     stamps_creation,
 )
 from tritask.tasks.work import Work
@@ -74,6 +78,32 @@ class _RenewingAll:
         return await cast(StoreProxy, self)._renew_all(owner_id, leases, lease_ms)
 
 
+class _Queueing:
+    """Mixed into a wrapper whose inner store offers ``submit`` (``Queues``)."""
+
+    async def submit(
+        self,
+        task: Task,
+        work: Work,
+        access: Access,
+        *,
+        owner_id: str | None,
+        lease_ms: int,
+        concurrency: Concurrency | None = None,
+    ) -> Claimed | Snapshot:
+        proxy = cast(StoreProxy, self)
+        return await proxy._submit(task, work, access, owner_id, lease_ms, concurrency)
+
+
+class _SignallingQueue:
+    """Mixed into a wrapper whose inner store offers ``listen_queue`` (``SignalsQueue``)."""
+
+    def listen_queue(self, callback: Callable[[], None]) -> Callable[[], None]:
+        inner = cast(StoreProxy, self).inner
+        assert signals_queue(inner)
+        return inner.listen_queue(callback)
+
+
 class StoreProxy:
     """Delegates every Store operation to ``inner`` (and any other attribute, e.g. ``history``).
 
@@ -84,12 +114,13 @@ class StoreProxy:
     batch_renewal: ClassVar[bool] = True
     """Whether the wrapper offers ``renew_all`` when its inner store does."""
 
-    _variants: ClassVar[dict[tuple[type, bool, bool, bool], type]] = {}
+    _variants: ClassVar[dict[tuple[type, bool, bool, bool, bool, bool], type]] = {}
 
     def __new__(cls, inner: Store, *args: Any, **kwargs: Any) -> Self:
         settling, stamping = settles(inner), stamps_creation(inner)
         renewing = cls.batch_renewal and renews_leases(inner)
-        key = (cls, settling, stamping, renewing)
+        queueing, signalling = queues(inner), signals_queue(inner)
+        key = (cls, settling, stamping, renewing, queueing, signalling)
         variant = StoreProxy._variants.get(key)
         if variant is None:
             mixins: tuple[type, ...] = ()
@@ -99,6 +130,10 @@ class StoreProxy:
                 mixins += (_StampingCreation,)
             if renewing:
                 mixins += (_RenewingAll,)
+            if queueing:
+                mixins += (_Queueing,)
+            if signalling:
+                mixins += (_SignallingQueue,)
             names = {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
             variant = type(cls.__name__, (*mixins, cls), names) if mixins else cls
             StoreProxy._variants[key] = variant
@@ -170,6 +205,22 @@ class StoreProxy:
         inner = self.inner
         assert renews_leases(inner)
         return await inner.renew_all(owner_id, leases, lease_ms)
+
+    async def _submit(
+        self,
+        task: Task,
+        work: Work,
+        access: Access,
+        owner_id: str | None,
+        lease_ms: int,
+        concurrency: Concurrency | None,
+    ) -> Claimed | Snapshot:
+        """What ``submit`` does (offered only when ``inner`` queues)."""
+        inner = self.inner
+        assert queues(inner)
+        return await inner.submit(
+            task, work, access, owner_id=owner_id, lease_ms=lease_ms, concurrency=concurrency
+        )
 
     async def aclose(self) -> None:
         await self.inner.aclose()
@@ -274,7 +325,7 @@ class CountingStore(StoreProxy):
         self.calls: Counter[str] = Counter()
         self.renewed = 0
 
-    OPTIONAL_WRITES = ("create_claimed", "create_claimed_stamped", "settle", "renew_all")
+    OPTIONAL_WRITES = ("create_claimed", "create_claimed_stamped", "settle", "renew_all", "submit")
     """Optional store operations that write, counted when the inner store offers them (a
     ``settle`` when it answers a ``Transition``: it then released the claim, a write even when
     the event itself was ``unchanged`` or a ``duplicate``)."""
@@ -352,6 +403,18 @@ class CountingStore(StoreProxy):
             self.calls["renew_all"] += 1
             self.renewed += renewed
         return results
+
+    async def _submit(
+        self,
+        task: Task,
+        work: Work,
+        access: Access,
+        owner_id: str | None,
+        lease_ms: int,
+        concurrency: Concurrency | None,
+    ) -> Claimed | Snapshot:
+        self.calls["submit"] += 1
+        return await super()._submit(task, work, access, owner_id, lease_ms, concurrency)
 
     async def _create_claimed_stamped(
         self, task: Task, work: Work, access: Access, owner_id: str, lease_ms: int

@@ -19,6 +19,7 @@ PUBLIC = {
         "BlobResourceContents",
         "CallToolResult",
         "Completed",
+        "ConcurrencyLimit",
         "ConfigurationError",
         "Context",
         "DuplicateStepKey",
@@ -148,6 +149,7 @@ PUBLIC = {
     ],
     "tritask.tasks": [
         "Completed",
+        "ConcurrencyLimit",
         "DuplicateStepKey",
         "EXTENSION_ID",
         "Effects",

@@ -31,6 +31,7 @@ from tritask.server import elicitation as elicitation
 from tritask.server import list_roots as list_roots
 from tritask.server import sampling as sampling
 from tritask.tasks import Completed as Completed
+from tritask.tasks import ConcurrencyLimit as ConcurrencyLimit
 from tritask.tasks import DuplicateStepKey as DuplicateStepKey
 from tritask.tasks import ExecutionToken as ExecutionToken
 from tritask.tasks import Failed as Failed

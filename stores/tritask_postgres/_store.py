@@ -59,8 +59,10 @@ from tritask.tasks.model import (
     CorruptRecord,
     Snapshot,
     Task,
+    TaskStatus,
     clone_snapshot,
     initial_snapshot,
+    revise,
     snapshot_from_json,
 )
 from tritask.tasks.model import snapshot_to_json as _record_json
@@ -68,6 +70,7 @@ from tritask.tasks.reducer import apply
 from tritask.tasks.store import (
     LEASE_LOST,
     NOT_FOUND,
+    QUEUED_MESSAGE,
     REQUEST_KINDS,
     SETTLE_KINDS,
     UNAVAILABLE,
@@ -81,6 +84,7 @@ from tritask.tasks.store import (
     CapacityExceeded,
     Claimed,
     ClaimInfo,
+    Concurrency,
     Conflict,
     CorruptStore,
     DatabaseBusy,
@@ -111,6 +115,7 @@ from tritask.tasks.store import (
     check_positive_int,
     check_positive_ms,
     check_renewals,
+    check_submit,
     check_task_query,
     check_transition_arguments,
     decode_ledger,
@@ -160,8 +165,13 @@ milliseconds when whole, else microseconds."""
 _COLUMNS: Final = (
     "t.task_id, t.record::text, t.scope, t.revision, t.status, t.created_at_us, "
     "t.expires_at_us, t.retry_at_us, t.claim_owner, t.claim_token::text, t.lease_generation, "
-    "t.claim_expires_at_us"
+    "t.claim_expires_at_us, t.queued_message, t.concurrency_key, t.concurrency_limit"
 )
+KEY_LOCK_CLASS: Final = 0x74726B79
+"""First key of the concurrency-key advisory lock ('trky'); the second is ``hashtext(schema)``.
+Every claim that may grant a task with a concurrency key takes it, then counts the key's live
+claims in a statement of its own (whose snapshot includes the previous holder's claim): one lock
+for all keys, so two claimers never wait for each other in opposite orders."""
 
 
 def _scope_text(key: str) -> str:
@@ -206,6 +216,9 @@ class _Row:
     claim_token: str | None
     generation: int
     claim_expires_at: int | None
+    queued_message: str | None = None
+    """The JSON text of the status message the first claim gives back (queued tasks only)."""
+    concurrency: Concurrency | None = None
 
     @property
     def task_id(self) -> str:
@@ -299,6 +312,9 @@ def _decode_row(values: tuple[Any, ...], known: dict[str, Snapshot] | None = Non
         token,
         generation,
         claim_expires_at,
+        queued_message,
+        concurrency_key,
+        concurrency_limit,
     ) = values
 
     def corrupt(reason: str) -> NoReturn:
@@ -330,7 +346,29 @@ def _decode_row(values: tuple[Any, ...], known: dict[str, Snapshot] | None = Non
         corrupt("a claim without an owner or a generation")
     if not (scope.startswith('{"value":') and scope.endswith(',"version":1}')):
         corrupt("the scope is not a version 1 scope document")
-    return _Row(snapshot, scope, owner, token, generation, claim_expires_at)
+    if queued_message is not None:
+        try:
+            message = loads(queued_message)
+        except ValueError:
+            corrupt("queued_message is not JSON")
+        if message is not None and not isinstance(message, str):
+            corrupt("queued_message is not a status message")
+    concurrency = None
+    if concurrency_key is not None or concurrency_limit is not None:
+        try:
+            concurrency = Concurrency(concurrency_key, concurrency_limit)
+        except (TypeError, ValueError):
+            corrupt("the concurrency columns are not a key and a limit")
+    return _Row(
+        snapshot,
+        scope,
+        owner,
+        token,
+        generation,
+        claim_expires_at,
+        queued_message,
+        concurrency,
+    )
 
 
 _LEDGER_COLUMNS: Final = (
@@ -585,6 +623,27 @@ class PostgresStore:
         assert lease is not None
         return Claimed(snapshot, lease)
 
+    async def submit(
+        self,
+        task: Task,
+        work: Work,
+        access: Access,
+        *,
+        owner_id: str | None,
+        lease_ms: int,
+        concurrency: Concurrency | None = None,
+    ) -> Claimed | Snapshot:
+        """Create (stamped by the inserting statement) and claim for ``owner_id`` when its key
+        allows, else store it queued with a ``created`` wake-up for every runner (see
+        :class:`~tritask.tasks.store.Queues`). One statement unless limits or a key are
+        checked first (under their advisory locks)."""
+        owner, lease_ms, concurrency = check_submit(owner_id, lease_ms, concurrency)
+        claim = None if owner is None else (owner, lease_ms)
+        snapshot, lease = await self._create(
+            task, work, access, claim, stamp=True, queue=True, concurrency=concurrency
+        )
+        return snapshot if lease is None else Claimed(snapshot, lease)
+
     async def _create(
         self,
         task: Task,
@@ -593,77 +652,111 @@ class PostgresStore:
         claim: tuple[str, int] | None,
         *,
         stamp: bool = False,
+        queue: bool = False,
+        concurrency: Concurrency | None = None,
     ) -> tuple[Snapshot, Lease | None]:
         _, store_id = self._opened()
         check_create_access(access, store_id, task)
         try:
-            document = _record_json(initial_snapshot(task, work))
+            initial = initial_snapshot(task, work)
+            documents = {False: _record_json(initial)}
+            if queue and (claim is None or concurrency is not None):  # it may be queued
+                queued = revise(initial, task=revise(initial.task, status_message=QUEUED_MESSAGE))
+                documents[True] = _record_json(queued)
         except (CorruptRecord, TypeError, ValueError) as exc:
             raise InvalidTask(str(exc)) from exc
-        record: dict[str, str]
-        if stamp:
-            head, middle, tail = _stamp_pieces(document)
-            record = {"head": head, "middle": middle, "tail": tail}
-        else:
-            record = {"record": stored_text(document)}
-        owner, lease_ms = claim if claim is not None else (None, 0)
+        # With a claim and a key, whether it is claimed is decided under the key lock.
+        decide = queue and claim is not None and concurrency is not None
+
+        def record(queued: bool) -> dict[str, str]:
+            document = documents[queued]
+            if stamp:
+                head, middle, tail = _stamp_pieces(document)
+                return {"head": head, "middle": middle, "tail": tail}
+            return {"record": stored_text(document)}
+
         token = None if claim is None else str(uuid.uuid4())
-        params = self._params(
+        base = self._params(
             task_id=task.id,
-            **record,
             scope=_scope_text(access.scope),
             status=task.status.value,
             created_at=task.created_at,
             expires_at=_bigint(task.expires_at),
             ttl_us=None if task.ttl_ms is None else task.ttl_ms * 1000,
-            owner=owner,
-            token=token,
-            lease_us=min(lease_ms * 1000, _MAX_BIGINT),
             channel=self._channel,
-            payload=None if claim is not None else self._payload(WakeupKind.CREATED, task.id),
             lock_class=CAPACITY_LOCK_CLASS,
+            key_lock_class=KEY_LOCK_CLASS,
             schema=self._schema,
             max_tasks=self._max_tasks or 0,
             max_active=self._max_active or 0,
+            key=None if concurrency is None else concurrency.key,
+            limit=None if concurrency is None else concurrency.limit,
         )
+
+        def params(claimed: bool) -> dict[str, Any]:
+            """The insert's parameters: claimed by ``claim``, or not (queued with ``queue``)."""
+            owner, lease_ms = claim if claimed and claim is not None else (None, 0)
+            queued = queue and not claimed
+            return {
+                **base,
+                **record(queued),
+                "owner": owner,
+                "token": token if claimed else None,
+                "lease_us": min(lease_ms * 1000, _MAX_BIGINT),
+                "payload": None if claimed else self._payload(WakeupKind.CREATED, task.id),
+                "queued": stored_text(task.status_message) if queued else None,
+            }
+
         limited = self._max_tasks is not None or self._max_active is not None
         inserting = self._q.insert_stamped if stamp else self._q.insert
 
-        async def insert(session: Session, commit: bool) -> tuple[str, int, int | None]:
+        async def insert(
+            session: Session, claimed: bool, commit: bool
+        ) -> tuple[str, int, int | None]:
             """The stored record's text, the creation instant and the claim's expiry (``None``
             without a claim); raises when the id exists."""
             return _inserted(
-                await session.execute(inserting, params, commit=commit), task.id, stamp
+                await session.execute(inserting, params(claimed), commit=commit), task.id, stamp
             )
 
         async def run(session: Session) -> tuple[str, int, int | None]:
-            if not limited:
-                return await insert(session, False)  # one statement: atomic on its own
+            if not limited and not decide:
+                return await insert(session, claim is not None, False)  # one statement
             async with session.transaction():
-                # One round trip for BEGIN, the capacity lock and the counts, in a statement of
-                # their own that starts after the lock is granted, so its snapshot includes the
-                # previous lock holder's insert.
-                _, counted = await session.pipeline(
-                    (self._q.capacity_lock, params), (self._q.capacity_counts, params)
-                )
-                row = counted.fetchone()
-                assert row is not None
-                exists, total, active = row
-                if exists:
-                    raise AlreadyExists(task.id)
-                if self._max_tasks is not None and total >= self._max_tasks:
-                    raise CapacityExceeded("max_tasks")
-                if self._max_active is not None and active >= self._max_active:
-                    raise CapacityExceeded("max_active_tasks_per_scope")
-                return await insert(session, True)
+                if limited:
+                    # One round trip for BEGIN, the capacity lock and the counts, in a
+                    # statement of their own that starts after the lock is granted, so its
+                    # snapshot includes the previous lock holder's insert.
+                    _, counted = await session.pipeline(
+                        (self._q.capacity_lock, base), (self._q.capacity_counts, base)
+                    )
+                    row = counted.fetchone()
+                    assert row is not None
+                    exists, total, active = row
+                    if exists:
+                        raise AlreadyExists(task.id)
+                    if self._max_tasks is not None and total >= self._max_tasks:
+                        raise CapacityExceeded("max_tasks")
+                    if self._max_active is not None and active >= self._max_active:
+                        raise CapacityExceeded("max_active_tasks_per_scope")
+                claimed = claim is not None
+                if decide:
+                    _, counted = await session.pipeline(
+                        (self._q.key_lock, base), (self._q.key_room, base)
+                    )
+                    room = counted.fetchone()
+                    assert room is not None and concurrency is not None
+                    running, waiting = room
+                    claimed = running < concurrency.limit and not waiting
+                return await insert(session, claimed, True)
 
-        if limited:
+        if limited or decide:
             stored, created_at, expires_at = await self._run(run)
         else:
             # Batched with the creations and settles running beside it (see ``_batch``).
             alone = functools.partial(self._run, run)
             inserted: tuple[str, int, int | None] = await self._batched(
-                _Insert(inserting, params, stamp), alone
+                _Insert(inserting, params(claim is not None), stamp), alone
             )
             stored, created_at, expires_at = inserted
         # The record as stored (stamped by the statement when ``stamp``), decoded strictly: a
@@ -674,14 +767,13 @@ class PostgresStore:
             raise CorruptStore(task.id, f"undecodable record: {exc}") from exc
         if snapshot.task.created_at != created_at or snapshot.task.id != task.id:
             raise CorruptStore(task.id, "the inserted record disagrees with its row")
-        if claim is not None:
-            self._remember(stored, snapshot)
-        if owner is None or token is None or expires_at is None:
-            return snapshot, None
+        if claim is None or token is None or expires_at is None:
+            return snapshot, None  # not claimed (queued, or a plain create)
+        self._remember(stored, snapshot)
         lease = Lease(
             store_id=store_id,
             task_id=task.id,
-            owner_id=owner,
+            owner_id=claim[0],
             token=token,
             generation=1,
             expires_at=expires_at,
@@ -778,8 +870,29 @@ class PostgresStore:
             generation=row.generation + 1,
             expires_at=_lease_expiry(now, lease_ms),
         )
-        await self._store_claim(session, lease)
-        return Claimed(row.snapshot, lease)
+        if row.queued_message is None:
+            await self._store_claim(session, lease)
+            return Claimed(row.snapshot, lease)
+        # The first claim of a queued task: it gets its own status message back (no new
+        # revision: nothing happened to the task, it only started).
+        snapshot = row.snapshot
+        task = snapshot.task
+        if task.status is TaskStatus.WORKING and task.status_message == QUEUED_MESSAGE:
+            message = loads(row.queued_message)
+            snapshot = revise(snapshot, task=revise(task, status_message=message))
+        await session.execute(
+            self._q.set_claim_started,
+            {
+                "task_id": lease.task_id,
+                "owner": lease.owner_id,
+                "token": lease.token,
+                "generation": lease.generation,
+                "expires_at": lease.expires_at,
+                "record": stored_text(_record_json(snapshot)),
+            },
+            commit=True,
+        )
+        return Claimed(snapshot, lease)
 
     async def _store_claim(self, session: Session, lease: Lease) -> None:
         """Write the claim and commit (the last statement of its transaction)."""
@@ -794,6 +907,25 @@ class PostgresStore:
             },
             commit=True,
         )
+
+    async def _key_full(self, session: Session, row: _Row, locked: list[bool]) -> bool:
+        """Whether the row's concurrency key has its limit of live claims, counted under the
+        key lock (taken once per transaction: ``locked``)."""
+        concurrency = row.concurrency
+        if concurrency is None:
+            return False
+        params = self._params(key=concurrency.key, key_lock_class=KEY_LOCK_CLASS)
+        params["schema"] = self._schema
+        if locked[0]:
+            counted = await session.execute(self._q.key_running, params)
+        else:
+            _, counted = await session.pipeline(
+                (self._q.key_lock, params), (self._q.key_running, params)
+            )
+            locked[0] = True
+        found = counted.fetchone()
+        assert found is not None
+        return int(found[0]) >= concurrency.limit
 
     async def _clock_now(self, session: Session) -> int:
         """The database clock, read in its own statement (so: after any lock we hold)."""
@@ -820,30 +952,78 @@ class PostgresStore:
                 verdict = self._eligibility(row, now)
                 if verdict is not None:
                     return verdict
+                if await self._key_full(session, row, [False]):
+                    return UNAVAILABLE
                 return await self._grant(session, row, owner_id, lease_ms, now)
 
         return await self._run(run)
 
     async def claim_next(self, owner_id: str, lease_ms: int) -> Claimed | None:
+        """The next claimable task: the fewest live claims of its concurrency key first (no
+        key: none), then the oldest by ``(created_at, task_id)``; full keys are passed over.
+        ``FOR UPDATE SKIP LOCKED`` gives concurrent claimers distinct tasks, and a task with a
+        key is granted only after its key's claims were counted under the key lock."""
         self._opened()
         owner_id, lease_ms = check_owner(owner_id), check_positive_ms(lease_ms, "lease_ms")
 
         async def run(session: Session) -> Claimed | None:
             skipped: list[str] = []
+            locked = [False]
             async with session.transaction():
-                while True:
-                    found = await session.execute(self._q.claim_next, self._params(skip=skipped))
+                running = dict((await session.execute(self._q.key_claims, self._params())).rows)
+                busy = sorted(running)
+                while True:  # level 0
+                    found = await session.execute(
+                        self._q.claim_next_free, self._params(skip=skipped, busy=busy)
+                    )
                     values = found.fetchone()
                     if values is None:
-                        return None
+                        break
                     # SKIP LOCKED never waits, so the statement's clock is the lock's time.
                     now = int(values[0])
                     row = _decode_row(values[1:])
-                    if self._eligibility(row, now) is None:
+                    if self._eligibility(row, now) is None and not await self._key_full(
+                        session, row, locked
+                    ):
                         return await self._grant(session, row, owner_id, lease_ms, now)
-                    skipped.append(row.task_id)  # the record disagrees with the predicate
+                    skipped.append(row.task_id)  # the record or the key says no
+                best: tuple[int, int, str] | None = None
+                chosen: tuple[_Row, int] | None = None
+                for key, count in running.items():
+                    row_now = await self._key_head(session, key, skipped)
+                    if row_now is None:
+                        continue
+                    head, now = row_now
+                    assert head.concurrency is not None
+                    if count >= head.concurrency.limit or await self._key_full(
+                        session, head, locked
+                    ):
+                        continue
+                    rank = (int(count), head.snapshot.task.created_at, head.task_id)
+                    if best is None or rank < best:
+                        best, chosen = rank, (head, now)
+                if chosen is None:
+                    return None
+                return await self._grant(session, chosen[0], owner_id, lease_ms, chosen[1])
 
         return await self._run(run)
+
+    async def _key_head(
+        self, session: Session, key: str, skipped: list[str]
+    ) -> tuple[_Row, int] | None:
+        """The oldest claimable task of ``key`` (locked) and the clock, if any."""
+        while True:
+            found = await session.execute(
+                self._q.claim_next_key, self._params(key=key, skip=skipped)
+            )
+            values = found.fetchone()
+            if values is None:
+                return None
+            now = int(values[0])
+            row = _decode_row(values[1:])
+            if self._eligibility(row, now) is None:
+                return row, now
+            skipped.append(row.task_id)
 
     async def _lease_row(
         self, session: Session, lease: Lease, *, clock: bool = False
@@ -937,30 +1117,32 @@ class PostgresStore:
                 row, _ = await self._lease_row(session, lease)
                 if not self._matches(row, lease):
                     raise StaleLease("the lease does not match the task's claim")
-                await self._clear_claim(session, row.snapshot)
+                await self._clear_claim(session, row)
 
         await self._run(run)
 
-    async def _clear_claim(self, session: Session, snapshot: Snapshot) -> None:
+    async def _clear_claim(self, session: Session, row: _Row) -> None:
         """Release the locked task's claim, waking other runners if work is left, and commit
         (the last statement of its transaction)."""
-        stmt, params = self._clear_claim_call(snapshot)
+        stmt, params = self._clear_claim_call(row)
         await session.execute(stmt, params, commit=True)
 
-    def _clear_claim_call(self, snapshot: Snapshot) -> tuple[Statement, dict[str, Any]]:
+    def _clear_claim_call(self, row: _Row) -> tuple[Statement, dict[str, Any]]:
         return (
             self._q.clear_claim,
             {
-                "task_id": snapshot.task.id,
+                "task_id": row.task_id,
                 "channel": self._channel,
-                "payload": self._released_payload(snapshot),
+                "payload": self._released_payload(row.snapshot, row.concurrency is not None),
             },
         )
 
-    def _released_payload(self, snapshot: Snapshot) -> str | None:
-        """The NOTIFY payload of a released claim: only an active task with work has any."""
+    def _released_payload(self, snapshot: Snapshot, keyed: bool) -> str | None:
+        """The NOTIFY payload of a released claim: an active task with work is claimable
+        again (from ``available_at``); a task with a concurrency key freed a slot of its key, so
+        its queued fellows may be claimable now. Others have none."""
         if snapshot.task.status.is_terminal or snapshot.work is None:
-            return None
+            return self._payload(WakeupKind.RELEASED, snapshot.task.id) if keyed else None
         return self._payload(WakeupKind.RELEASED, snapshot.task.id, snapshot.available_at)
 
     # -- transitions --------------------------------------------------------------------------
@@ -1100,7 +1282,7 @@ class PostgresStore:
                 raise EventIdReused(event.id)
             replayed = self._replayed(snapshot, seen)
             if release:
-                return _Plan(replayed, self._clear_claim_call(snapshot))
+                return _Plan(replayed, self._clear_claim_call(row))
             return _Plan(replayed)
         if snapshot.revision != expected_revision:
             return _Plan(Conflict(snapshot))
@@ -1116,7 +1298,7 @@ class PostgresStore:
                 committed_at=committed_at,
             )
             if release:
-                return _Plan(unchanged, self._clear_claim_call(snapshot))
+                return _Plan(unchanged, self._clear_claim_call(row))
             return _Plan(unchanged)
         new = outcome.snapshot
         fields = {
@@ -1134,7 +1316,9 @@ class PostgresStore:
             "channel": self._channel,
             # At most two wake-ups, as two scalars.
             "payload": self._wakeup_for(event.kind, new),
-            "released": self._released_payload(new) if release else None,
+            "released": (
+                self._released_payload(new, row.concurrency is not None) if release else None
+            ),
             # And the change, for listen streams on other hosts.
             "changes": self._changes_channel,
             "change": None
@@ -1567,6 +1751,13 @@ class _Queries:
             " lease_generation = %(generation)s, claim_expires_at_us = %(expires_at)s,"
             " updated_at = clock_timestamp() WHERE task_id = %(task_id)s"
         )
+        # The first claim of a queued task: its record gets its own status message back.
+        self.set_claim_started = q(
+            "UPDATE {t} SET claim_owner = %(owner)s, claim_token = %(token)s::uuid,"
+            " lease_generation = %(generation)s, claim_expires_at_us = %(expires_at)s,"
+            " record = %(record)s::json, queued_message = NULL,"
+            " updated_at = clock_timestamp() WHERE task_id = %(task_id)s"
+        )
         # renew_all: the batch's rows are locked first (in task id order), the clock is read
         # after every lock is granted (the count needs the whole locked set), then each row
         # that is exactly its lease's live claim gets a fresh token and the new expiry.
@@ -1594,6 +1785,50 @@ class _Queries:
             " SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM nt)"
         )
         self.capacity_lock = q("SELECT pg_advisory_xact_lock(%(lock_class)s, hashtext(%(schema)s))")
+        self.key_lock = q("SELECT pg_advisory_xact_lock(%(key_lock_class)s, hashtext(%(schema)s))")
+        live_claim = "t.claim_token IS NOT NULL AND t.claim_expires_at_us > n.now"
+        claimable = (
+            "t.status IN {active} AND (t.retry_at_us IS NULL OR t.retry_at_us <= n.now)"
+            " AND (t.claim_expires_at_us IS NULL OR t.claim_expires_at_us <= n.now)"
+        )
+        # Under the key lock, in a statement of its own: a key's live claims, and whether a
+        # claimable task of it waits (a new one then queues behind it).
+        self.key_room = q(
+            "WITH n AS MATERIALIZED (SELECT {now} AS now) SELECT"
+            " (SELECT count(*) FROM {t} t, n WHERE t.concurrency_key = %(key)s::text"
+            f" AND {live_claim}),"
+            " EXISTS (SELECT 1 FROM {t} t, n WHERE t.concurrency_key = %(key)s::text"
+            f" AND {claimable})"
+        )
+        self.key_claims = q(
+            "WITH n AS MATERIALIZED (SELECT {now} AS now)"
+            " SELECT t.concurrency_key, count(*) FROM {t} t, n"
+            f" WHERE t.concurrency_key IS NOT NULL AND {live_claim} GROUP BY t.concurrency_key"
+        )
+        self.key_running = q(
+            "WITH n AS MATERIALIZED (SELECT {now} AS now)"
+            " SELECT count(*) FROM {t} t, n WHERE t.concurrency_key = %(key)s::text"
+            f" AND {live_claim}"
+        )
+        # claim_next, level 0: tasks without a key and those of keys with no live claim.
+        self.claim_next_free = q(
+            "WITH n AS MATERIALIZED (SELECT {now} AS now)"
+            " SELECT n.now, " + cols + " FROM {t} t, n"
+            f" WHERE {claimable}"
+            " AND (t.concurrency_key IS NULL OR t.concurrency_key <> ALL(%(busy)s::text[]))"
+            " AND t.task_id <> ALL(%(skip)s::text[])"
+            " ORDER BY t.created_at_us, t.task_id"
+            " LIMIT 1 FOR UPDATE OF t SKIP LOCKED"
+        )
+        # claim_next within one busy key: its oldest claimable task.
+        self.claim_next_key = q(
+            "WITH n AS MATERIALIZED (SELECT {now} AS now)"
+            " SELECT n.now, " + cols + " FROM {t} t, n"
+            f" WHERE t.concurrency_key = %(key)s::text AND {claimable}"
+            " AND t.task_id <> ALL(%(skip)s::text[])"
+            " ORDER BY t.created_at_us, t.task_id"
+            " LIMIT 1 FOR UPDATE OF t SKIP LOCKED"
+        )
         self.capacity_counts = q(
             "SELECT EXISTS (SELECT 1 FROM {t} WHERE task_id = %(task_id)s),"
             " (SELECT count(*) FROM (SELECT 1 FROM {t} LIMIT %(max_tasks)s) a),"
@@ -1606,12 +1841,13 @@ class _Queries:
                 "WITH n AS MATERIALIZED (SELECT {now} AS now),"
                 " i AS (INSERT INTO {t} (task_id, record, scope, revision, status, created_at_us,"
                 " expires_at_us, retry_at_us, claim_owner, claim_token, lease_generation,"
-                " claim_expires_at_us)"
+                " claim_expires_at_us, queued_message, concurrency_key, concurrency_limit)"
                 f" SELECT %(task_id)s, {record}, %(scope)s, 0, %(status)s, {created_at},"
                 f" {expires_at}, NULL, %(owner)s::text, %(token)s::uuid,"
                 " CASE WHEN %(owner)s::text IS NULL THEN 0 ELSE 1 END,"
                 " CASE WHEN %(owner)s::text IS NULL THEN NULL"
-                f" ELSE LEAST(n.now::numeric + %(lease_us)s, {_MAX_BIGINT})::bigint END"
+                f" ELSE LEAST(n.now::numeric + %(lease_us)s, {_MAX_BIGINT})::bigint END,"
+                " %(queued)s::text, %(key)s::text, %(limit)s::integer"
                 f" FROM n{where} ON CONFLICT (task_id) DO NOTHING"
                 " RETURNING created_at_us, claim_expires_at_us, record::text),"
                 " nt AS (SELECT pg_notify(%(channel)s, %(payload)s::text) FROM i"

@@ -90,6 +90,7 @@ from tritask.tasks.model import (
     CorruptRecord,
     Snapshot,
     Task,
+    TaskStatus,
     clone_snapshot,
     initial_snapshot,
     revise,
@@ -101,6 +102,7 @@ from tritask.tasks.reducer import apply
 from tritask.tasks.store import (
     LEASE_LOST,
     NOT_FOUND,
+    QUEUED_MESSAGE,
     REQUEST_KINDS,
     SETTLE_KINDS,
     UNAVAILABLE,
@@ -114,6 +116,7 @@ from tritask.tasks.store import (
     CapacityExceeded,
     Claimed,
     ClaimInfo,
+    Concurrency,
     Conflict,
     CorruptStore,
     DatabaseBusy,
@@ -145,6 +148,7 @@ from tritask.tasks.store import (
     check_positive_int,
     check_positive_ms,
     check_renewals,
+    check_submit,
     check_task_query,
     check_transition_arguments,
     decode_ledger,
@@ -167,10 +171,23 @@ _SYNCHRONOUS = ("NORMAL", "FULL", "EXTRA")
 _ACTIVE = "status IN ('working', 'input_required')"
 _COLUMNS = (
     "task_id, record_version, record, scope, revision, status, created_at_us, expires_at_us,"
-    " retry_at_us, claim_owner, claim_token, lease_generation, claim_expires_at_us, claim_epoch"
+    " retry_at_us, claim_owner, claim_token, lease_generation, claim_expires_at_us, claim_epoch,"
+    " queued_message, concurrency_key, concurrency_limit"
 )
 _SELECT = f"SELECT {_COLUMNS} FROM tritask_tasks"
-_INSERT_TASK = f"INSERT INTO tritask_tasks ({_COLUMNS}) VALUES ({', '.join('?' * 14)})"
+_INSERT_TASK = f"INSERT INTO tritask_tasks ({_COLUMNS}) VALUES ({', '.join('?' * 17)})"
+#: Claimable now (the status, the retry deadline, no live claim of this boot epoch); the
+#: record decides again (``_eligibility``).
+_CLAIMABLE = (
+    f"{_ACTIVE} AND (retry_at_us IS NULL OR retry_at_us <= :now)"
+    " AND (claim_token IS NULL OR claim_expires_at_us <= :now OR claim_epoch <> :epoch)"
+)
+#: The live claims of each concurrency key (few rows: at most one per running attempt).
+_KEY_CLAIMS = (
+    "SELECT concurrency_key, count(*) FROM tritask_tasks"
+    " WHERE concurrency_key IS NOT NULL AND claim_token IS NOT NULL"
+    " AND claim_expires_at_us > :now AND claim_epoch = :epoch GROUP BY concurrency_key"
+)
 _INSERT_EVENT = (
     "INSERT INTO tritask_task_events (task_id, event_id, event, event_kind,"
     " event_revision, committed_at_us, effects) VALUES (?, ?, ?, ?, ?, ?, ?)"
@@ -219,6 +236,8 @@ _WRITE_PLANNED = (
     + ", ".join(f"old_{name}" for name in _OLD_COLUMNS)
     + f") VALUES ({', '.join('?' * (11 + len(_OLD_COLUMNS)))})"
 )
+#: Where ``concurrency_key`` is in a row of ``_COLUMNS``.
+_KEY_COLUMN: Final = 15
 #: Rows remembered for the planned settle (see ``_Recent``); the oldest is forgotten first.
 _RECENT_LIMIT: Final = 1024
 _WRITE = (
@@ -282,6 +301,9 @@ class _Row:
     scope: str
     generation: int
     claim: Lease | None
+    queued_message: str | None = None
+    """The JSON text of the status message the first claim gives back (queued tasks only)."""
+    concurrency: Concurrency | None = None
 
 
 @attrs.frozen
@@ -292,7 +314,8 @@ class _Insert:
 
     body: Callable[[sqlite3.Connection, int], tuple[int, Lease | None, tuple[object, ...]]]
     single: bool
-    snapshot: Callable[[int], Snapshot]
+    snapshot: Callable[[int, bool], Snapshot]
+    """The stored snapshot, given the creation instant and whether it was claimed."""
 
 
 @attrs.frozen
@@ -536,6 +559,7 @@ class SqliteStore:
         # system's, since ``uuid4()`` is a system call per task on the hot path (which hands
         # the GIL away). They fence this store's own writers; nothing outside sees them.
         self._tokens = random.Random(os.urandom(32))
+        self._queue_listeners: list[Callable[[], None]] = []
         self._lock_fd: int | None = None
         self._store_uuid = ""
         self._epoch = 0
@@ -787,7 +811,8 @@ class SqliteStore:
     def _decode(self, raw: tuple[Any, ...]) -> _Row:
         """Decode a row and check every projection and the claim shape against the record."""
         (task_id, record_version, record, scope, revision, status, created_at, expires_at) = raw[:8]
-        (retry_at, owner, token, generation, claim_expires_at, claim_epoch) = raw[8:]
+        (retry_at, owner, token, generation, claim_expires_at, claim_epoch) = raw[8:14]
+        (queued_message, concurrency_key, concurrency_limit) = raw[14:17]
         try:
             if not isinstance(record, str):
                 raise CorruptRecord("the record column is not text")
@@ -827,7 +852,18 @@ class SqliteStore:
                     expires_at=claim_expires_at,
                     epoch=claim_epoch,
                 )
-            return _Row(snapshot, _scope_key(scope), generation, claim)
+            if queued_message is not None:
+                if not isinstance(queued_message, str):
+                    raise CorruptRecord("queued_message is not text")
+                message = json.loads(queued_message)
+                if message is not None and not isinstance(message, str):
+                    raise CorruptRecord("queued_message is not a status message")
+            concurrency = None
+            if concurrency_key is not None or concurrency_limit is not None:
+                if not isinstance(concurrency_key, str) or type(concurrency_limit) is not int:
+                    raise CorruptRecord("the concurrency columns are not a key and a limit")
+                concurrency = Concurrency(concurrency_key, concurrency_limit)
+            return _Row(snapshot, _scope_key(scope), generation, claim, queued_message, concurrency)
         except (ValueError, TypeError) as exc:  # CorruptRecord and CodecError are ValueErrors
             raise CorruptStore(str(task_id), str(exc)) from exc
 
@@ -881,7 +917,7 @@ class SqliteStore:
     async def create(self, task: Task, work: Work, access: Access) -> Snapshot:
         insert = self._inserter(task, work, access)
         created_at, _, _ = await self._transact(insert.body, write=True, single=insert.single)
-        return insert.snapshot(created_at)
+        return insert.snapshot(created_at, False)
 
     async def create_claimed(
         self, task: Task, work: Work, access: Access, owner_id: str, lease_ms: int
@@ -903,9 +939,45 @@ class SqliteStore:
         insert = self._inserter(task, work, access, stamp=stamp, claim=claim)
         created_at, lease, row = await self._transact(insert.body, write=True, single=insert.single)
         assert lease is not None
-        snapshot = insert.snapshot(created_at)
+        snapshot = insert.snapshot(created_at, True)
         self._remember(_Recent(row, clone_snapshot(snapshot), lease))
         return Claimed(snapshot, lease)
+
+    async def submit(
+        self,
+        task: Task,
+        work: Work,
+        access: Access,
+        *,
+        owner_id: str | None,
+        lease_ms: int,
+        concurrency: Concurrency | None = None,
+    ) -> Claimed | Snapshot:
+        """Create (stamped) and claim for ``owner_id`` when its key allows, else store it
+        queued (see :class:`~tritask.tasks.store.Queues`), in one transaction."""
+        owner, lease_ms, concurrency = check_submit(owner_id, lease_ms, concurrency)
+        claim = None if owner is None else (owner, lease_ms)
+        insert = self._inserter(
+            task, work, access, stamp=True, claim=claim, queue=True, concurrency=concurrency
+        )
+        created_at, lease, row = await self._transact(insert.body, write=True, single=insert.single)
+        snapshot = insert.snapshot(created_at, lease is not None)
+        if lease is None:
+            self._signal()
+            return snapshot
+        self._remember(_Recent(row, clone_snapshot(snapshot), lease))
+        return Claimed(snapshot, lease)
+
+    def listen_queue(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback()`` after each commit of this store object that may make a task
+        claimable (in this process only: other processes on the file poll)."""
+        listeners = self._queue_listeners
+        listeners.append(callback)
+        return lambda: listeners.remove(callback) if callback in listeners else None
+
+    def _signal(self) -> None:
+        for callback in list(self._queue_listeners):
+            callback()
 
     def _remember(self, recent: _Recent) -> None:
         """Keep a claimed row for a planned settle (trio thread only; bounded, oldest out)."""
@@ -964,13 +1036,18 @@ class SqliteStore:
         *,
         stamp: bool = False,
         claim: tuple[str, int] | None = None,
+        queue: bool = False,
+        concurrency: Concurrency | None = None,
     ) -> _Insert:
         """The insertion of a new task (claimed at generation 1 with ``claim``).
 
         Everything but the stamp is prepared here, outside the worker thread: the record, its
         JSON and the row. With ``stamp`` the body only writes ``now`` into the two instants of
         the prepared JSON and the row; the returned task is stamped the same way, afterwards.
-        Without limits to check first it is a single statement (``single``).
+        With ``queue`` (``submit``) a task that is not claimed is stored queued (its record
+        says :data:`QUEUED_MESSAGE`), and a claim is made only if the ``concurrency`` key has
+        room and no claimable task of it waits (decided in the transaction). Without limits or
+        a key to check first it is a single statement (``single``).
         """
         self._ensure_open()
         check_create_access(access, self._id, task)
@@ -981,48 +1058,37 @@ class SqliteStore:
         # Drawn here: in the worker thread its system call would hand the GIL away in the
         # middle of the serialised section.
         token = str(uuid.UUID(int=self._tokens.getrandbits(128), version=4))
-        record_task = document["task"]
-        assert isinstance(record_task, dict)
-        pieces: list[str] | None = None
-        if stamp:
-            # The record with the two instants left open: the body only joins the pieces
-            # around the store's clock reading instead of encoding the record again. The
-            # marker holds a fresh random token, so it cannot occur in the task's own JSON;
-            # were it to, the body falls back to encoding the record.
-            marker = f"tritask-stamp-{token}"
-            template = {**record_task, "createdAt": marker, "lastUpdatedAt": marker}
-            pieces = _record_text({**document, "task": template}).split(_record_text(marker))
-            if len(pieces) != 3:
-                pieces = None
-        record = "" if pieces is not None else _record_text(document)
+        key = None if concurrency is None else concurrency.key
+        limit = None if concurrency is None else concurrency.limit
+        start_message = _record_text(task.status_message)
+        queued_snapshot: Snapshot | None = None
+        queued_document: JSONObject | None = None
+        if queue and (claim is None or concurrency is not None):  # it may be queued
+            queued_snapshot = revise(
+                snapshot, task=revise(snapshot.task, status_message=QUEUED_MESSAGE)
+            )
+            queued_document = snapshot_to_json(queued_snapshot)
+        # Which records the body may write: the task as given (claimed), queued, or either.
+        decide = queue and claim is not None and concurrency is not None
+        claimed_text = None if queue and claim is None else self._prepared(document, stamp, token)
+        queued_text = (
+            None if queued_document is None else self._prepared(queued_document, stamp, token)
+        )
 
         def body(
             conn: sqlite3.Connection, now: int
         ) -> tuple[int, Lease | None, tuple[object, ...]]:
-            created_at, text = task.created_at, record
+            created_at = task.created_at
             if stamp:
                 if not 0 <= now <= MAX_INSTANT:
                     raise InvalidTask("the store clock is outside the instants a task can hold")
                 created_at = now
-                instant = format_instant(now)
-                if pieces is not None:
-                    quoted = _record_text(instant)
-                    text = f"{pieces[0]}{quoted}{pieces[1]}{quoted}{pieces[2]}"
-                else:
-                    text = _record_text(
-                        {
-                            **document,
-                            "task": {
-                                **record_task,
-                                "createdAt": instant,
-                                "lastUpdatedAt": instant,
-                            },
-                        }
-                    )
             if limited:
                 self._check_capacity(conn, task.id, scope)
             lease = None
-            if claim is not None:
+            if claim is not None and (
+                not decide or (key is not None and self._key_has_room(conn, key, limit, now))
+            ):
                 owner_id, lease_ms = claim
                 lease = Lease(
                     store_id=self._id,
@@ -1033,6 +1099,9 @@ class SqliteStore:
                     expires_at=now + lease_ms * 1000,
                     epoch=self._epoch,
                 )
+            prepared = claimed_text if lease is not None or not queue else queued_text
+            assert prepared is not None
+            text = prepared(created_at)
             row = (
                 task.id,
                 RECORD_VERSION,
@@ -1048,6 +1117,9 @@ class SqliteStore:
                     if lease is None
                     else (lease.owner_id, lease.token, 1, lease.expires_at, lease.epoch)
                 ),
+                start_message if queue and lease is None else None,
+                key,
+                limit,
             )
             try:
                 conn.execute(_INSERT_TASK, row)
@@ -1057,15 +1129,64 @@ class SqliteStore:
                 raise
             return created_at, lease, row
 
-        def stamped(created_at: int) -> Snapshot:
+        def stamped(created_at: int, claimed: bool) -> Snapshot:
             """The stored record (the store keeps nothing in memory, so the caller may have
             it: it is built from the caller's own task and work)."""
+            base = snapshot if claimed or queued_snapshot is None else queued_snapshot
             if created_at == task.created_at:
-                return snapshot
-            task_at = revise(snapshot.task, created_at=created_at, last_updated_at=created_at)
-            return revise(snapshot, task=task_at)
+                return base
+            task_at = revise(base.task, created_at=created_at, last_updated_at=created_at)
+            return revise(base, task=task_at)
 
-        return _Insert(body=body, single=not limited, snapshot=stamped)
+        return _Insert(body=body, single=not limited and not decide, snapshot=stamped)
+
+    @staticmethod
+    def _prepared(document: JSONObject, stamp: bool, token: str) -> Callable[[int], str]:
+        """A function of the creation instant returning the record's stored text.
+
+        With ``stamp`` the record is cut where its two instants go (the marker holds a fresh
+        random token, so it cannot occur in the task's own JSON; were it to, the function
+        encodes the record again), so the body only joins the pieces around the store's
+        clock reading instead of encoding the record; without, the text is fixed.
+        """
+        if not stamp:
+            text = _record_text(document)
+            return lambda _now: text
+        record_task = document["task"]
+        assert isinstance(record_task, dict)
+        marker = f"tritask-stamp-{token}"
+        template = {**record_task, "createdAt": marker, "lastUpdatedAt": marker}
+        pieces = _record_text({**document, "task": template}).split(_record_text(marker))
+
+        def render(now: int) -> str:
+            instant = format_instant(now)
+            if len(pieces) == 3:
+                quoted = _record_text(instant)
+                return f"{pieces[0]}{quoted}{pieces[1]}{quoted}{pieces[2]}"
+            task = {**record_task, "createdAt": instant, "lastUpdatedAt": instant}
+            return _record_text({**document, "task": task})
+
+        return render
+
+    def _key_has_room(
+        self, conn: sqlite3.Connection, key: str, limit: int | None, now: int
+    ) -> bool:
+        """Whether a new task of ``key`` may be claimed at once: fewer than ``limit`` live
+        claims and no claimable task of the key waiting (first in first out)."""
+        assert limit is not None
+        params = {"now": now, "epoch": self._epoch, "key": key}
+        (running,) = conn.execute(
+            "SELECT count(*) FROM tritask_tasks WHERE concurrency_key = :key"
+            " AND claim_token IS NOT NULL AND claim_expires_at_us > :now AND claim_epoch = :epoch",
+            params,
+        ).fetchone()
+        if running >= limit:
+            return False
+        waiting = conn.execute(
+            f"SELECT 1 FROM tritask_tasks WHERE concurrency_key = :key AND {_CLAIMABLE} LIMIT 1",
+            params,
+        ).fetchone()
+        return waiting is None
 
     def _check_capacity(self, conn: sqlite3.Connection, task_id: str, scope: str) -> None:
         """The limits, checked after the id (an existing id is ``AlreadyExists`` even when full)."""
@@ -1107,8 +1228,11 @@ class SqliteStore:
 
         return await self._transact(body, write=False)
 
-    def _eligibility(self, row: _Row, now: int) -> Deferred | Unavailable | None:
-        """Reference 3.6 order; ``None`` means claimable now."""
+    def _eligibility(
+        self, row: _Row, now: int, conn: sqlite3.Connection | None = None
+    ) -> Deferred | Unavailable | None:
+        """Reference 3.6 order, then the task's concurrency key (counted on ``conn``);
+        ``None`` means claimable now."""
         snapshot = row.snapshot
         if snapshot.task.status.is_terminal or snapshot.work is None:
             return UNAVAILABLE
@@ -1117,6 +1241,15 @@ class SqliteStore:
             return Deferred(-(-(available_at - now) // 1000))
         if row.claim is not None and self._live(row.claim, now):
             return UNAVAILABLE
+        if conn is not None and row.concurrency is not None:
+            (running,) = conn.execute(
+                "SELECT count(*) FROM tritask_tasks WHERE concurrency_key = :key"
+                " AND claim_token IS NOT NULL AND claim_expires_at_us > :now"
+                " AND claim_epoch = :epoch",
+                {"key": row.concurrency.key, "now": now, "epoch": self._epoch},
+            ).fetchone()
+            if running >= row.concurrency.limit:
+                return UNAVAILABLE
         return None
 
     def _grant(
@@ -1131,19 +1264,35 @@ class SqliteStore:
             expires_at=now + lease_ms * 1000,
             epoch=self._epoch,
         )
-        conn.execute(
-            "UPDATE tritask_tasks SET claim_owner = ?, claim_token = ?, lease_generation = ?,"
-            " claim_expires_at_us = ?, claim_epoch = ? WHERE task_id = ?",
-            (
-                lease.owner_id,
-                lease.token,
-                lease.generation,
-                lease.expires_at,
-                lease.epoch,
-                lease.task_id,
-            ),
+        claim = (
+            lease.owner_id,
+            lease.token,
+            lease.generation,
+            lease.expires_at,
+            lease.epoch,
+            lease.task_id,
         )
-        return Claimed(row.snapshot, lease)
+        if row.queued_message is None:
+            conn.execute(
+                "UPDATE tritask_tasks SET claim_owner = ?, claim_token = ?, lease_generation = ?,"
+                " claim_expires_at_us = ?, claim_epoch = ? WHERE task_id = ?",
+                claim,
+            )
+            return Claimed(row.snapshot, lease)
+        # The first claim of a queued task: it gets its own status message back (no new
+        # revision: nothing happened to the task, it only started).
+        snapshot = row.snapshot
+        task = snapshot.task
+        if task.status is TaskStatus.WORKING and task.status_message == QUEUED_MESSAGE:
+            message = json.loads(row.queued_message)
+            snapshot = revise(snapshot, task=revise(task, status_message=message))
+        conn.execute(
+            "UPDATE tritask_tasks SET record = ?, queued_message = NULL, claim_owner = ?,"
+            " claim_token = ?, lease_generation = ?, claim_expires_at_us = ?, claim_epoch = ?"
+            " WHERE task_id = ?",
+            (_record_text(snapshot_to_json(snapshot)), *claim),
+        )
+        return Claimed(snapshot, lease)
 
     async def claim(
         self, task_id: str, owner_id: str, lease_ms: int
@@ -1155,41 +1304,71 @@ class SqliteStore:
             row = self._load(conn, task_id)
             if row is None:
                 return NOT_FOUND
-            verdict = self._eligibility(row, now)
+            verdict = self._eligibility(row, now, conn)
             return self._grant(conn, row, owner_id, lease_ms, now) if verdict is None else verdict
 
         return await self._transact(body, write=True)
 
     async def claim_next(self, owner_id: str, lease_ms: int) -> Claimed | None:
-        """The first claimable task by ``(created_at, task_id)``.
+        """The next claimable task: the fewest live claims of its concurrency key first (no
+        key: none), then the oldest by ``(created_at, task_id)``; full keys are passed over.
 
         SQLite cannot skip locked rows; it does not need to: the IMMEDIATE transaction already
-        holds the single write slot, so the oldest available task is taken.
+        holds the single write slot, so the counts and the oldest available task are exact.
         """
         self._ensure_open()
         owner_id, lease_ms = check_owner(owner_id), check_positive_ms(lease_ms, "lease_ms")
 
         def body(conn: sqlite3.Connection, now: int) -> Claimed | None:
-            cursor = conn.execute(
-                f"{_SELECT} WHERE {_ACTIVE}"
-                " AND (retry_at_us IS NULL OR retry_at_us <= :now)"
-                " AND (claim_token IS NULL OR claim_expires_at_us <= :now"
-                "      OR claim_epoch <> :epoch)"
+            params: dict[str, object] = {"now": now, "epoch": self._epoch}
+            running = dict(conn.execute(_KEY_CLAIMS, params).fetchall())
+            # Level 0: tasks without a key, and those of keys with no live claim.
+            params["busy"] = json.dumps(sorted(running))
+            row = self._first_claimable(
+                conn,
+                f"{_SELECT} WHERE {_CLAIMABLE} AND (concurrency_key IS NULL"
+                " OR concurrency_key NOT IN (SELECT value FROM json_each(:busy)))"
                 " ORDER BY created_at_us, task_id",
-                {"now": now, "epoch": self._epoch},
+                params,
+                now,
             )
-            try:
-                for raw in cursor:
-                    row = self._decode(raw)
-                    if self._eligibility(row, now) is None:
-                        break
-                else:
-                    return None
-            finally:
-                cursor.close()
+            if row is None:
+                # The busy keys below their limit, each by its oldest claimable task.
+                best: tuple[int, int, str] | None = None
+                for key, count in running.items():
+                    head = self._first_claimable(
+                        conn,
+                        f"{_SELECT} WHERE concurrency_key = :key AND {_CLAIMABLE}"
+                        " ORDER BY created_at_us, task_id",
+                        {**params, "key": key},
+                        now,
+                    )
+                    if head is None or head.concurrency is None:
+                        continue
+                    if count >= head.concurrency.limit:
+                        continue
+                    rank = (count, head.snapshot.task.created_at, head.snapshot.task.id)
+                    if best is None or rank < best:
+                        best, row = rank, head
+            if row is None:
+                return None
             return self._grant(conn, row, owner_id, lease_ms, now)
 
         return await self._transact(body, write=True)
+
+    def _first_claimable(
+        self, conn: sqlite3.Connection, query: str, params: dict[str, object], now: int
+    ) -> _Row | None:
+        """The first row of ``query`` that the record confirms claimable (key limits aside)."""
+        cursor = conn.execute(query, params)
+        try:
+            for raw in cursor:
+                row = self._decode(raw)
+                if self._eligibility(row, now) is None:
+                    return row
+        finally:
+            cursor.close()
+        return None
 
     async def renew(self, lease: Lease, lease_ms: int) -> Lease:
         """Extend a live claim; a fresh token makes the old value stale even at the same instant."""
@@ -1273,13 +1452,23 @@ class SqliteStore:
         if isinstance(lease, Lease):
             self._recent.pop(lease.task_id, None)  # a settle would not match it any more
 
-        def body(conn: sqlite3.Connection, now: int) -> None:
+        def body(conn: sqlite3.Connection, now: int) -> bool:
             row = self._lease_row(conn, lease)
             if row.claim != lease:
                 raise StaleLease("the lease does not match the task's claim")
             conn.execute(_CLEAR_CLAIM, (lease.task_id,))
+            return self._frees(row.snapshot, row.concurrency is not None)
 
-        await self._transact(body, write=True)
+        if await self._transact(body, write=True):
+            self._signal()
+
+    @staticmethod
+    def _frees(snapshot: Snapshot, keyed: bool) -> bool:
+        """Whether ending a claim on this task signals the queue's listeners: a slot of its
+        key freed, so a queued task of the key may start. (A released task that is claimable
+        again is left to recovery's poll, as before: a runner whose attempts keep failing to
+        settle would otherwise take the same task back at once, again and again.)"""
+        return keyed
 
     # -- transitions --------------------------------------------------------------------------
 
@@ -1332,11 +1521,14 @@ class SqliteStore:
         document = event.to_json()
         event_text = _record_text(document)  # the ledger row's text, on either path
         planned = self._plan_settle(task_id, expected_revision, event, lease)
+        keyed = planned is not None and planned.row[_KEY_COLUMN] is not None
 
         def body(conn: sqlite3.Connection, now: int) -> Transition | Conflict | NotFound:
+            nonlocal keyed
             row, seen = self._load_seen(conn, task_id, event.id)
             if row is None:
                 return NOT_FOUND
+            keyed = row.concurrency is not None
             event_json = canonical_json(document)
             try:
                 self._check_lease(row, lease, now)
@@ -1358,19 +1550,27 @@ class SqliteStore:
             )
 
         if planned is None:
-            return await self._transact(body, write=True, announce=True)
+            result = await self._transact(body, write=True, announce=True)
+        else:
+            plan = planned
 
-        def planned_first(conn: sqlite3.Connection, now: int) -> Transition | Conflict | NotFound:
-            # In the batch's transaction: the planned write is one statement (the operation is
-            # ``single``); if it wrote nothing, the full decision runs in a savepoint of its own.
-            written = now < planned.lease.expires_at and self._write_planned(
-                conn, planned, event, event_text
-            )
-            if written:
-                return planned.transition
-            return savepoint(conn, lambda: body(conn, now))
+            def planned_first(
+                conn: sqlite3.Connection, now: int
+            ) -> Transition | Conflict | NotFound:
+                # In the batch's transaction: the planned write is one statement (the
+                # operation is ``single``); if it wrote nothing, the full decision runs in a
+                # savepoint of its own.
+                written = now < plan.lease.expires_at and self._write_planned(
+                    conn, plan, event, event_text
+                )
+                if written:
+                    return plan.transition
+                return savepoint(conn, lambda: body(conn, now))
 
-        return await self._transact(planned_first, write=True, single=True, announce=True)
+            result = await self._transact(planned_first, write=True, single=True, announce=True)
+        if isinstance(result, Transition) and self._frees(result.snapshot, keyed):
+            self._signal()  # the settle released the claim of a task with a key
+        return result
 
     def _released_replay(
         self, conn: sqlite3.Connection, row: _Row, lease: object, event: Event, event_json: str

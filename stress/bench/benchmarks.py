@@ -40,10 +40,12 @@ from tritask.tasks.stores import store_scheme
 
 __all__ = [
     "CoreParams",
+    "QueueParams",
     "ServerProcess",
     "SoakParams",
     "TasksParams",
     "bench_core",
+    "bench_queue",
     "bench_scale",
     "bench_soak",
     "bench_tasks",
@@ -703,6 +705,124 @@ async def bench_scale(
         speedup,
         None,
         ok=ok,
+    )
+
+
+# -- bench queue --------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class QueueParams:
+    store: str = "sqlite:auto"
+    tasks: int = 100_000
+    checkpoint: int = 1_000
+    clients: int = 32
+    max_jobs: int = 32
+    sqlite_synchronous: str = "FULL"
+
+
+OPEN = McpRequest("tools/call", {"name": "bench_open", "arguments": {}}, name="bench_open")
+
+
+async def _submit(
+    port: int, clients: int, count: int, created: list[str], failures: list[str]
+) -> float:
+    """``count`` task creations as fast as ``clients`` connections go; the seconds it took."""
+    counter = iter(range(count))
+
+    async def client() -> None:
+        conn = await HttpConnection.connect("127.0.0.1", port)
+        try:
+            for _ in counter:
+                status, message = await conn.call(NOOP)
+                result = message.get("result") or {}
+                if status == 200 and result.get("resultType") == "task":
+                    created.append(str(result["taskId"]))
+                else:
+                    failures.append(f"{status} {message.get('error')}")
+        finally:
+            await conn.aclose()
+
+    started = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for _ in range(clients):
+            nursery.start_soon(client)
+    return time.perf_counter() - started
+
+
+async def bench_queue(params: QueueParams) -> dict[str, Any]:
+    """``tasks`` creations as fast as the clients go to one server whose tasks wait for a gate:
+    ``max_jobs`` attempts wait in the runner and the rest queued in the store. The server's RSS
+    at ``checkpoint`` and at ``tasks`` queued, then the gate opens and the queue drains."""
+    with tempfile.TemporaryDirectory(prefix="tritask-bench-") as workdir:
+        fresh = _fresh_store_url(params.store, workdir, "queue.db")
+        async with prepared_store_url(fresh) as url:
+            options = [
+                "--store",
+                url,
+                "--sqlite-synchronous",
+                params.sqlite_synchronous,
+                "--max-jobs",
+                str(params.max_jobs),
+                "--unlimited",
+            ]
+            async with ServerProcess.start("queue", *options) as server:
+                stats = await HttpConnection.connect("127.0.0.1", server.port)
+                created: list[str] = []
+                failures: list[str] = []
+                first = await _submit(
+                    server.port, params.clients, params.checkpoint, created, failures
+                )
+                early = await _stats(stats)
+                rest = await _submit(
+                    server.port, params.clients, params.tasks - params.checkpoint, created, failures
+                )
+                late = await _stats(stats)
+                status, opened = await stats.call(OPEN)
+                if status != 200 or "result" not in opened:
+                    raise RuntimeError(f"bench_open failed: {status} {opened}")
+                drain_started = time.perf_counter()
+                deadline = trio.current_time() + max(120.0, params.tasks / 50)
+                while True:
+                    now = await _stats(stats)
+                    finished = now["completed"] + now["otherStops"] - early["otherStops"]
+                    if finished >= len(created) or trio.current_time() > deadline:
+                        break
+                    await trio.sleep(0.05)
+                drain_seconds = time.perf_counter() - drain_started
+                await stats.aclose()
+    accepted = len(created)
+    completed = int(now["completed"])
+    submit_seconds = first + rest
+    ratio = round(late["rssKiB"] / max(early["rssKiB"], 1), 3)
+    ok = accepted == params.tasks and not failures and completed == params.tasks
+    return _result(
+        "queue",
+        {
+            **attrs.asdict(params),
+            "store": store_scheme(params.store),
+            "target": "all accepted; server RSS at tasks queued < 2x at checkpoint queued",
+        },
+        {
+            "queued": params.tasks,
+            "rssKiB": late["rssKiB"],
+            "peakRssKiB": late["peakRssKiB"],
+            "runningAtCheckpoint": late["jobs"],
+            "accepted": accepted,
+            "refused": len(failures),
+            "submitPerSecond": round(accepted / max(submit_seconds, 1e-9), 1),
+            "drainSeconds": round(drain_seconds, 3),
+            "drainPerSecond": round(completed / max(drain_seconds, 1e-9), 1),
+            "completed": completed,
+            "storeWritesPerTask": round((now["writes"] - early["writes"]) / max(accepted, 1), 3),
+            "serverCpuMsPerTask": _per_task_ms(now["cpuSeconds"], completed),
+            "failures": failures[:5],
+        },
+        {"queued": params.checkpoint, "rssKiB": early["rssKiB"], "jobs": early["jobs"]},
+        ratio,
+        ok and ratio < 2.0,
+        ok=ok,
+        errors=len(failures),
     )
 
 

@@ -1,4 +1,4 @@
-"""``python -m stress bench {core,tasks,scale,soak,suspended}``: benchmarks with their
+"""``python -m stress bench {core,tasks,scale,queue,soak,suspended}``: benchmarks with their
 baselines."""
 
 from __future__ import annotations
@@ -100,6 +100,18 @@ def register_bench(commands: Any, common: Callable[[argparse.ArgumentParser], No
                 "(no HTTP), to see what the transport costs; the target is judged on http",
             )
             parser.set_defaults(handler=_handle_tasks)
+
+    queue = kinds.add_parser(
+        "queue", help="a burst of tasks queued beyond max_jobs: all accepted, RSS, drain rate"
+    )
+    common(queue)
+    queue.add_argument("--store", default="sqlite:auto", help="sqlite:auto, sqlite:PATH, ...")
+    queue.add_argument("--tasks", type=_positive, default=100_000)
+    queue.add_argument("--checkpoint", type=_positive, default=1_000, help="the RSS baseline")
+    queue.add_argument("--clients", type=_positive, default=32)
+    queue.add_argument("--max-jobs", type=_positive, default=32)
+    queue.add_argument("--sqlite-synchronous", default="FULL", choices=["FULL", "NORMAL"])
+    queue.set_defaults(handler=_handle_queue)
 
     soak = kinds.add_parser("soak", help="100k tasks on the memory store: RSS at 10k vs 100k")
     common(soak)
@@ -204,6 +216,22 @@ def _handle_scale(args: argparse.Namespace) -> int:
 
     params = _tasks_params(args, repeats=1)
     return _run(args, lambda: bench_scale(params, tuple(args.processes)))
+
+
+def _handle_queue(args: argparse.Namespace) -> int:
+    from stress.bench.benchmarks import QueueParams, bench_queue
+
+    if args.checkpoint >= args.tasks:
+        raise SystemExit("--checkpoint must be smaller than --tasks")
+    params = QueueParams(
+        store=args.store,
+        tasks=args.tasks,
+        checkpoint=args.checkpoint,
+        clients=args.clients,
+        max_jobs=args.max_jobs,
+        sqlite_synchronous=args.sqlite_synchronous,
+    )
+    return _run(args, lambda: bench_queue(params))
 
 
 def _handle_soak(args: argparse.Namespace) -> int:

@@ -204,11 +204,28 @@ class _CountingSink:
                 target[1].set()
 
 
+class _GatedExecutor:
+    """Completes each task once the gate opens (``bench_open``): until then the runner's slots
+    hold waiting attempts and every other task waits queued in the store."""
+
+    def __init__(self) -> None:
+        self.gate = trio.Event()
+
+    async def execute(self, work: Any, token: Any, state: Any) -> Any:
+        from tritask.tasks.executor import Completed
+
+        await self.gate.wait()
+        return Completed({"content": [], "isError": False})
+
+
 def store_options(args: argparse.Namespace) -> dict[str, Any]:
     from tritask.tasks.stores import store_scheme
 
     scheme = store_scheme(args.store)
     options: dict[str, Any] = {}
+    if getattr(args, "unlimited", False):
+        options["max_tasks"] = None
+        options["max_active_tasks_per_scope"] = None
     if scheme == "sqlite":
         options["synchronous"] = args.sqlite_synchronous
         options["exclusive"] = False
@@ -225,7 +242,9 @@ class TasksApp:
     sink: _CountingSink
 
 
-def tasks_app(store_url: str, options: Mapping[str, Any], max_jobs: int) -> TasksApp:
+def tasks_app(
+    store_url: str, options: Mapping[str, Any], max_jobs: int, executor: Any = None
+) -> TasksApp:
     from stress.common import open_stress_store
     from stress.wrappers import CountingStore
     from tritask.server.app import App
@@ -238,7 +257,7 @@ def tasks_app(store_url: str, options: Mapping[str, Any], max_jobs: int) -> Task
         scope="shared",
         task_support={"noop": "required"},
         runner_options={
-            "executor": _NoopExecutor(),
+            "executor": executor or _NoopExecutor(),
             "instrumentation": sink,
             "max_jobs": max_jobs,
             "owner_id": f"bench-{os.getpid()}",
@@ -261,6 +280,9 @@ def tasks_app(store_url: str, options: Mapping[str, Any], max_jobs: int) -> Task
             "calls": dict(store.calls),
             "pid": os.getpid(),
             "cpuSeconds": time.process_time(),
+            "rssKiB": _current_rss_kib(),
+            "peakRssKiB": _peak_rss_kib(),
+            "jobs": len(tasks.runner.active_task_ids()) if tasks.runner is not None else 0,
         }
 
     return TasksApp(app, store, sink)
@@ -271,6 +293,31 @@ async def tasks_server(args: argparse.Namespace) -> None:
     from tritask.transports.http import serve_http
 
     bench = tasks_app(args.store, store_options(args), args.max_jobs)
+
+    async def serve(trigger: Callable[[], Awaitable[None]], task_status: Any) -> None:
+        await serve_http(
+            bench.app, "127.0.0.1", 0, shutdown_trigger=trigger, task_status=task_status
+        )
+
+    async with bench.store, bench.app.running(ServeEnvironment(store_url=args.store)):
+        await _serve_until_eof(serve)
+
+
+async def queue_server(args: argparse.Namespace) -> None:
+    """The tasks server with a gated executor and a ``bench_open`` tool (``bench queue``)."""
+    from tritask.server.app import App
+    from tritask.server.extension import ServeEnvironment
+    from tritask.transports.http import serve_http
+
+    gated = _GatedExecutor()
+    bench = tasks_app(args.store, store_options(args), args.max_jobs, gated)
+    app: App = bench.app
+
+    @app.tool()
+    async def bench_open() -> str:
+        """Open the gate: every waiting and queued task completes."""
+        gated.gate.set()
+        return "open"
 
     async def serve(trigger: Callable[[], Awaitable[None]], task_status: Any) -> None:
         await serve_http(
@@ -357,8 +404,9 @@ async def soak(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stress.bench.servers")
     parser.add_argument(
-        "kind", choices=["core-tritask", "core-mcp", "core-ceiling", "tasks", "soak"]
+        "kind", choices=["core-tritask", "core-mcp", "core-ceiling", "tasks", "queue", "soak"]
     )
+    parser.add_argument("--unlimited", action="store_true", help="no store limits")
     parser.add_argument("--cpu", type=int, default=None, help="pin this process to one CPU")
     parser.add_argument("--json-response", action="store_true", help="core-mcp: JSON mode")
     parser.add_argument("--store", default="memory:")
@@ -381,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         "core-mcp": core_mcp,
         "core-ceiling": core_ceiling,
         "tasks": tasks_server,
+        "queue": queue_server,
     }
     if args.kind == "soak":
         trio.run(soak, args, clock=trio.testing.MockClock(autojump_threshold=0))

@@ -26,9 +26,9 @@ log = logging.getLogger("stress.fuzz")
 
 TERMINAL: Final = frozenset({"completed", "failed", "cancelled"})
 LIVE_TASKS: Final = 12
-"""Tasks the fuzzer lets wait at once: a runner runs 32 attempts by default and refuses more
-(``-32603 Task capacity exhausted``, as the reference specifies). Waiting tasks hold their
-attempt, so a polite client ends the oldest before that: load is not what this fuzzes."""
+"""Tasks the fuzzer lets wait at once: a runner runs 32 attempts by default and queues more
+(they wait for a slot, which a fuzzed task waiting for input may never free). Waiting tasks
+hold their attempt, so a polite client ends the oldest first: load is not what this fuzzes."""
 TASKS_CAPS: Final[dict[str, Any]] = {"extensions": {TASKS_EXTENSION: {}}}
 EXPECTED_CRASH: Final = "task tool protocol_error_job raised"
 """The fixture's deliberate crash: its traceback is in the log by design, once per task."""

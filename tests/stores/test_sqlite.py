@@ -999,9 +999,11 @@ async def test_a_schema_1_store_migrates_to_steps_keeping_its_tasks_and_ledger(
             (store_id, epoch),
         )
         for table in ("tritask_tasks", "tritask_task_events"):
-            rows = source.execute(f"SELECT * FROM {table}").fetchall()
+            # The columns schema 1 has (later schemas add some).
+            names = ", ".join(r[1] for r in target.execute(f"PRAGMA table_info({table})"))
+            rows = source.execute(f"SELECT {names} FROM {table}").fetchall()
             marks = ", ".join("?" * len(rows[0]))
-            target.executemany(f"INSERT INTO {table} VALUES ({marks})", rows)
+            target.executemany(f"INSERT INTO {table} ({names}) VALUES ({marks})", rows)
         target.execute("COMMIT")
         assert target.execute("SELECT record_version FROM tritask_tasks").fetchall() == [(3,)]
     async with sqlite_store(old, clock) as store:

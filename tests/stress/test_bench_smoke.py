@@ -178,3 +178,20 @@ def test_bench_suspended_smoke() -> None:
     # The baseline's attempts are held: one trio task and a lease each.
     assert held["attempts"] == 40
     assert held["runnerTrioTasks"] == held["runnerTrioTasksBefore"] + 40
+
+
+@pytest.mark.skipif(not HAS_SQLITE, reason="tritask_sqlite is not installed")
+def test_bench_queue_smoke() -> None:
+    """Four times max_jobs submitted at once: every one accepted (none refused), the queue
+    drains, and the server's RSS is reported at both points."""
+    result = bench(
+        "queue", "--tasks", "400", "--checkpoint", "100", "--clients", "8", "--max-jobs", "4"
+    )
+    assert result["name"] == "queue"
+    assert result["ok"] is True
+    figures = result["tritask"]
+    assert (figures["accepted"], figures["refused"], figures["completed"]) == (400, 0, 400)
+    assert figures["runningAtCheckpoint"] == 4  # the slots hold waiting attempts
+    assert figures["drainPerSecond"] > 0 and figures["submitPerSecond"] > 0
+    assert result["baseline"]["queued"] == 100 and result["baseline"]["rssKiB"] > 0
+    assert result["ratio"] == round(figures["rssKiB"] / result["baseline"]["rssKiB"], 3)

@@ -39,6 +39,7 @@ from tritask.tasks.extension import (
     default_task_id,
 )
 from tritask.tasks.runner import Runner
+from tritask.tasks.store import QUEUED_MESSAGE
 from tritask.tasks.work import Work
 
 pytestmark = pytest.mark.contract("tasks-extension-lifecycle")
@@ -630,25 +631,67 @@ async def test_work_builder_key_mismatch_and_oversized_input_store_nothing(
 # -- capacity -----------------------------------------------------------------------------------
 
 
-async def test_runner_max_jobs_refuses_without_storing(
+async def test_beyond_max_jobs_a_task_waits_queued_then_runs(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     ids = CountingIds()
     env = await basic_env(
         nursery, runner_options={"max_jobs": 1}, tasks_options={"id_generator": ids}
     )
-    first = await env.create("slow", {"seconds": 10})
-    error = await env.error("tools/call", {"name": "slow", "arguments": {}})
-    assert error == {
-        "code": -32603,
-        "message": "Task capacity exhausted",
-        "data": {"retryable": True, "limit": "max_jobs"},
-    }
-    assert ids.issued == [first, "task-2"]
-    assert await env.error("tasks/get", {"taskId": "task-2"}) == unknown()
+    first = await env.create("slow", {"seconds": 10, "label": "one"})
+    second = await env.create("slow", {"seconds": 1, "label": "two"})
+    assert ids.issued == [first, second] == ["task-1", "task-2"]
+    queued = await env.get(second)
+    assert (queued["status"], queued["statusMessage"]) == ("working", QUEUED_MESSAGE)
+    assert (await env.get(first))["statusMessage"] == "Task accepted"
+    assert env.runner.active_task_ids() == [first]
+    assert env.runner.statistics().queued == 1
+    created = [md["outcome"] for _, md in env.named(ins.TASK_CREATED)]
+    assert created == ["created", "queued"]
     await env.wait_status(first, "completed", interval=0.5)
-    await wait_stops(env.events, first)  # the slot frees once the attempt has released
-    assert await env.create("slow", {"seconds": 0}) == "task-3"
+    await wait_stops(env.events, first)
+    # The freed slot takes the queued task at once (no poll, no time passes): it starts
+    # with its own request context, and its status message is the one it was created with.
+    stopped_at = trio.current_time()
+    while second not in env.runner.active_task_ids():
+        await trio.lowlevel.checkpoint()
+    assert trio.current_time() == stopped_at
+    assert (await env.get(second))["statusMessage"] == "Task accepted"
+    done = await env.wait_status(second, "completed", interval=0.5)
+    assert done["result"]["content"] == [{"type": "text", "text": "Completed two"}]
+    starts = [(md["task_id"], md["source"]) for _, md in env.named(ins.JOB_START)]
+    assert starts == [(first, "request"), (second, "queue")]
+    assert env.runner.statistics().queued == 0
+
+
+async def test_two_hundred_tasks_at_once_on_four_slots_all_complete(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    env = await basic_env(
+        nursery,
+        runner_options={"max_jobs": 4},
+        store_options={"max_tasks": None, "max_active_tasks_per_scope": None},
+    )
+    ids: list[str] = []
+
+    async def submit(label: int) -> None:
+        ids.append(await env.create("slow", {"seconds": 1, "label": str(label)}))
+
+    async with trio.open_nursery() as clients:
+        for label in range(200):
+            clients.start_soon(submit, label)
+    assert len(set(ids)) == 200  # none refused
+    for task_id in ids:
+        detail = await env.wait_status(task_id, "completed", interval=0.5)
+        assert detail["status"] == "completed"
+    assert env.runner.statistics().peak_jobs == 4
+    starts = [md["task_id"] for _, md in env.named(ins.JOB_START)]
+    assert sorted(starts) == sorted(ids)  # each ran exactly once
+    # First in first out: queued tasks start in (createdAt, taskId) order (the first four
+    # took the free slots as they were created).
+    created = {task_id: (await env.snapshot(task_id)).task.created_at for task_id in ids}
+    queued = starts[4:]
+    assert queued == sorted(queued, key=lambda task_id: (created[task_id], task_id))
 
 
 @pytest.mark.parametrize("limit", ["max_tasks", "max_active_tasks_per_scope"])
@@ -667,7 +710,7 @@ async def test_store_limits_refuse_without_storing(
     assert error == {
         "code": -32603,
         "message": "Task capacity exhausted",
-        "data": {"retryable": True, "limit": limit},
+        "data": {"retryable": True, "limit": limit, "retryAfterSeconds": 1},
     }
     assert await env.error("tasks/get", {"taskId": "task-2"}, principal="a") == unknown()
     assert env.runner.active_task_ids() == [first]
@@ -675,7 +718,11 @@ async def test_store_limits_refuse_without_storing(
     # A finished task is no longer active, but it still counts toward max_tasks.
     response = await env.call("tools/call", {"name": "slow", "arguments": {}}, principal="a")
     if limit == "max_tasks":
-        assert response["error"]["data"] == {"retryable": True, "limit": "max_tasks"}
+        assert response["error"]["data"] == {
+            "retryable": True,
+            "limit": "max_tasks",
+            "retryAfterSeconds": 1,
+        }
     else:
         assert response["result"]["taskId"] == "task-3"
 

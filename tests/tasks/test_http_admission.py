@@ -209,3 +209,58 @@ async def test_a_crashing_task_fails_over_http_with_200_on_get(
     assert status == 200
     assert got["result"]["error"] == {"code": -32603, "message": "Task tool failed"}
     assert "private task crash detail" not in str(got)
+
+
+@pytest.mark.parametrize(
+    ("limit", "status"), [("max_tasks", 503), ("max_active_tasks_per_scope", 429)]
+)
+async def test_a_store_limit_refusal_is_retryable_with_retry_after(
+    nursery: trio.Nursery, http_server: Callable[..., Any], limit: str, status: int
+) -> None:
+    """Capacity refusals are not server failures: 503 (the server's limit) or 429 (the
+    principal's), with Retry-After, and the same JSON-RPC error as before (-32603)."""
+    env = await start_env(
+        nursery,
+        task_support={"gated": "required"},
+        store_options={limit: 1},
+        runner_options={"max_jobs": 1},
+    )
+    release = trio.Event()
+
+    @env.app.tool()
+    async def gated() -> str:
+        """Waits for the test."""
+        await release.wait()
+        return "released"
+
+    url = (await http_server(env.app)) + "/mcp"
+    call = {"name": "gated", "arguments": {}}
+    async with httpx.AsyncClient(timeout=10) as client:
+        code, first = await post(client, url, "tools/call", call, name="gated")
+        assert (code, first["result"]["status"]) == (200, "working")
+        response = await client.post(
+            url, content=body("tools/call", call), headers=http_headers("tools/call", name="gated")
+        )
+        assert response.status_code == status
+        assert response.headers["retry-after"] == "1"
+        assert response.json()["error"] == {
+            "code": -32603,
+            "message": "Task capacity exhausted",
+            "data": {"retryable": True, "limit": limit, "retryAfterSeconds": 1},
+        }
+    release.set()
+
+
+async def test_beyond_max_jobs_a_call_is_accepted_queued_over_http(
+    served: tuple[Env, httpx.AsyncClient, str],
+) -> None:
+    env, client, url = served
+    call = {"name": "gated", "arguments": {}}
+    slots = env.runner.max_jobs
+    for _ in range(slots + 3):
+        code, created = await post(client, url, "tools/call", call, name="gated")
+        assert code == 200
+        assert created["result"]["resultType"] == "task"
+    assert len(env.runner.active_task_ids()) == slots
+    assert env.runner.statistics().queued == 3
+    assert created["result"]["statusMessage"] == "Queued: waiting for a free runner slot"

@@ -63,3 +63,34 @@ _STATUS: Final[dict[int, int]] = {
 def http_status_for(code: int) -> int:
     """HTTP status for a JSON-RPC error code; codes outside the table travel with 200."""
     return _STATUS.get(code, 200)
+
+
+RETRY_AFTER_KEY: Final = "retryAfterSeconds"
+"""The ``data`` member of a retryable refusal saying when to try again (whole seconds)."""
+_RETRYABLE_STATUS: Final[dict[str, int]] = {
+    "max_active_tasks_per_scope": 429,  # this principal's (tenant's) quota
+    "max_tasks": 503,  # the store is full for everyone
+    "max_jobs": 503,
+}
+
+
+def http_response_status(error: object) -> tuple[int, int | None]:
+    """The HTTP status of a JSON-RPC error object, and its ``Retry-After`` (seconds) if any.
+
+    A retryable refusal (``-32603`` with ``data {"retryable": true, "limit": L,
+    "retryAfterSeconds": N}``, e.g. "Task capacity exhausted") is not a server failure: it
+    travels as 429 (a per-principal limit) or 503 (a limit of the whole server) with
+    ``Retry-After: N``. Everything else follows :func:`http_status_for`.
+    """
+    if not isinstance(error, dict):
+        return 200, None
+    code = error.get("code")
+    if not isinstance(code, int) or isinstance(code, bool):
+        return 200, None
+    data = error.get("data")
+    if code == -32603 and isinstance(data, dict) and data.get("retryable") is True:
+        seconds = data.get(RETRY_AFTER_KEY)
+        limit = data.get("limit")
+        if type(seconds) is int and seconds >= 0 and isinstance(limit, str):
+            return _RETRYABLE_STATUS.get(limit, 503), seconds
+    return http_status_for(code), None

@@ -15,6 +15,7 @@ from tritask.tasks.executor import StaleAttempt as StaleAttempt
 from tritask.tasks.executor import TaskCancelled as TaskCancelled
 from tritask.tasks.executor import WorkExecutor as WorkExecutor
 from tritask.tasks.extension import EXTENSION_ID as EXTENSION_ID
+from tritask.tasks.extension import ConcurrencyLimit as ConcurrencyLimit
 from tritask.tasks.extension import TaskOptions as TaskOptions
 from tritask.tasks.extension import Tasks as Tasks
 from tritask.tasks.extension import ToolCallExecutor as ToolCallExecutor

@@ -21,7 +21,7 @@ import attrs
 import trio
 
 from tritask.jsonrpc import InternalError, InvalidParams, JsonRpcError, JSONValue, is_json_value
-from tritask.protocol.errors import MissingRequiredClientCapability
+from tritask.protocol.errors import RETRY_AFTER_KEY, MissingRequiredClientCapability
 from tritask.protocol.meta import RequestMeta
 from tritask.protocol.versions import LATEST_VERSION
 from tritask.server import invocation
@@ -55,6 +55,7 @@ from tritask.tasks.steps import StepError
 from tritask.tasks.store import (
     Action,
     CapacityExceeded,
+    Concurrency,
     NotFound,
     Store,
     StoreError,
@@ -97,6 +98,34 @@ class TaskOptions:
     poll_interval_ms: int | _Default | None = DEFAULT
     status_message: str | _Default | None = DEFAULT
     retry_policy: RetryPolicy | _Default = DEFAULT
+
+
+ConcurrencyKeyFn = Callable[[Mapping[str, JSONValue], Any], JSONValue]
+"""``key(arguments, principal)``: the JSON value naming whose share of the limit a call uses."""
+
+
+def _one_key(arguments: Mapping[str, JSONValue], principal: Any) -> JSONValue:
+    return None
+
+
+@attrs.frozen
+class ConcurrencyLimit:
+    """At most ``limit`` tasks of a tool run at once per value of ``key(arguments,
+    principal)`` (default: one key, so ``limit`` for the whole tool), across every runner on
+    the store: the store's claims enforce it. More wait queued, first in first out within a
+    key; claims are fair across keys (the key with the fewest running goes first).
+
+    ``Tasks(concurrency={"export": ConcurrencyLimit(2, key=lambda args, principal: principal)})``
+    runs at most two exports per principal.
+    """
+
+    limit: int = attrs.field()
+    key: ConcurrencyKeyFn = attrs.field(default=_one_key)
+
+    @limit.validator
+    def _check_limit(self, _attr: object, value: object) -> None:
+        if type(value) is not int or value <= 0:
+            raise ValueError("a concurrency limit must be a positive int")
 
 
 Decision: TypeAlias = Mode | tuple[Mode, TaskOptions]
@@ -289,6 +318,8 @@ class Tasks(Extension):
         scope: Any = principal_scope,
         store_options: Mapping[str, Any] | None = None,
         runner_options: Mapping[str, Any] | None = None,
+        concurrency: Mapping[str, ConcurrencyLimit] | None = None,
+        retry_after_s: int = 1,
     ) -> None:
         if ttl_ms is not None and ttl_ms <= 0:
             raise ValueError("ttl_ms must be a positive integer or None (never expires)")
@@ -296,6 +327,13 @@ class Tasks(Extension):
             raise ValueError("poll_interval_ms must be a positive integer or None")
         if store is not None and runner is not None and runner.store is not store:
             raise ValueError(_MISMATCH)
+        self.concurrency = dict(concurrency or {})
+        for name, rule in self.concurrency.items():
+            if not isinstance(rule, ConcurrencyLimit):
+                raise TypeError(f"concurrency[{name!r}] must be a ConcurrencyLimit")
+        if type(retry_after_s) is not int or retry_after_s < 0:
+            raise ValueError("retry_after_s must be an int >= 0 (seconds)")
+        self.retry_after_s = retry_after_s
         self._store = store
         self._runner: Runner | None = None
         self._unwire: Callable[[], None] | None = None
@@ -747,6 +785,7 @@ class Tasks(Extension):
         # createdAt is a placeholder: the runner has the store stamp it at creation, in the
         # creating step itself when the store offers that (no separate now() round trip).
         task = new_task(task_id, 0, ttl, poll, message)
+        concurrency = self._concurrency(call, ctx)
         try:
             snapshot = await runner.create_task(
                 task,
@@ -754,15 +793,36 @@ class Tasks(Extension):
                 access,
                 context=ctx.detach(task_id=task_id, idempotency_key=task_id, relay=relay),
                 stamp=True,
+                concurrency=concurrency,
             )
         except CapacityExceeded as error:
-            raise InternalError(
-                "Task capacity exhausted", {"retryable": True, "limit": str(error.limit)}
-            ) from error
+            # Retryable: a client that waits and sends the call again is served (HTTP 429
+            # for a per-principal limit, 503 for the server's, both with Retry-After).
+            data: dict[str, JSONValue] = {
+                "retryable": True,
+                "limit": str(error.limit),
+                RETRY_AFTER_KEY: self.retry_after_s,
+            }
+            raise InternalError("Task capacity exhausted", data) from error
         except (StoreError, RunnerNotRunning) as error:
             log.error("task creation failed: %s", error)
             raise InternalError("Task creation failed") from error
         return snapshot
+
+    def _concurrency(self, call: ToolCall, ctx: Context) -> Concurrency | None:
+        """The call's concurrency key, from the tool's :class:`ConcurrencyLimit`."""
+        rule = self.concurrency.get(call.tool.name)
+        if rule is None:
+            return None
+        try:
+            value = rule.key(call.arguments, ctx.principal)
+            key = canonical_json([call.tool.name, value])
+        except JsonRpcError:
+            raise
+        except Exception as error:
+            log.exception("concurrency key for %s failed", call.tool.name)
+            raise InternalError("Task concurrency key failed") from error
+        return Concurrency(key, rule.limit)
 
     async def subscription_filter(
         self, requested: Mapping[str, JSONValue], ctx: Context

@@ -7,9 +7,13 @@ Choices worth knowing:
 
 * commit times: ``committed_at = max(now, last_updated_at + 1 ms)`` (parity with the reference
   memory store, and wire times keep their millisecond form when the clock is millisecond-aligned);
-* ``claim_next`` keeps two heaps with lazy invalidation: ``ready`` by ``(created_at, task_id)``
-  and ``timed`` by the instant a task becomes claimable (retry due or lease expired), so a call
-  costs O(log n) amortised instead of a scan; ``reap`` pops an expiry heap;
+* ``claim_next`` keeps heaps with lazy invalidation: ``ready`` by ``(created_at, task_id)``
+  (one heap for tasks without a concurrency key, one per key) and ``timed`` by the instant a
+  task becomes claimable (retry due or lease expired), so a call costs O(log n) amortised
+  (plus one look per key with ready tasks) instead of a scan; ``reap`` pops an expiry heap;
+* it is a queue (:class:`~tritask.tasks.store.Queues`): a submitted task waits unclaimed, its
+  status message :data:`~tritask.tasks.store.QUEUED_MESSAGE` until its first claim, and
+  ``listen_queue`` callbacks hear of every commit that may make one claimable;
 * values crossing the boundary are copied both ways, so callers mutating a returned snapshot,
   event or effect cannot change the stored state (as with a real database).
 """
@@ -19,7 +23,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import secrets
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from types import TracebackType
 from typing import Any, Self
 
@@ -33,16 +37,19 @@ from tritask.tasks.model import (
     CorruptRecord,
     Snapshot,
     Task,
+    TaskStatus,
     clone_snapshot,
     clone_task,
     initial_snapshot,
     owned_task,
     owned_work,
+    revise,
 )
 from tritask.tasks.reducer import apply
 from tritask.tasks.store import (
     LEASE_LOST,
     NOT_FOUND,
+    QUEUED_MESSAGE,
     REQUEST_KINDS,
     SETTLE_KINDS,
     UNAVAILABLE,
@@ -54,6 +61,7 @@ from tritask.tasks.store import (
     CapacityExceeded,
     Claimed,
     ClaimInfo,
+    Concurrency,
     Conflict,
     Deferred,
     EventIdReused,
@@ -80,6 +88,7 @@ from tritask.tasks.store import (
     check_owner,
     check_positive_ms,
     check_renewals,
+    check_submit,
     check_task_query,
     check_transition_arguments,
     listing_page,
@@ -137,6 +146,10 @@ class _Entry:
     claim: Lease | None = None
     generation: int = 0
     sched: int = 0
+    concurrency: Concurrency | None = None
+    queued: bool = False
+    """Submitted unclaimed: the first claim gives the task ``start_message`` back."""
+    start_message: str | None = None
     seen: dict[str, _Seen] = attrs.field(factory=dict)
     history: list[LedgerEntry] = attrs.field(factory=list)
 
@@ -173,8 +186,14 @@ class MemoryStore:
         self._entries: dict[str, _Entry] = {}
         self._active: dict[str, int] = {}
         self._ready: list[tuple[int, str, int, int]] = []
+        # Ready tasks with a concurrency key wait in a heap of their key's; claims by key.
+        self._key_ready: dict[str, list[tuple[int, str, int, int]]] = {}
+        self._key_claims: dict[str, set[str]] = {}
+        self._queue_listeners: list[Callable[[], None]] = []
         self._timed: list[tuple[int, str, int, int]] = []
         self._expiry: list[tuple[int, str, int]] = []
+        self._items = 0
+        """Heap items pushed since the last compaction (an upper bound of the heaps' sizes)."""
         self._serials = itertools.count(1)
         self._closed = False
         self._feed = ChangeFeed()
@@ -246,8 +265,61 @@ class MemoryStore:
         entry = self._insert(stamped, work, access, now, owned=stamped is not task)
         return self._grant(entry, owner_id, lease_ms, now)
 
+    async def submit(
+        self,
+        task: Task,
+        work: Work,
+        access: Access,
+        *,
+        owner_id: str | None,
+        lease_ms: int,
+        concurrency: Concurrency | None = None,
+    ) -> Claimed | Snapshot:
+        """Create (stamped), then claim for ``owner_id`` when a slot of its key is free, else
+        queue it (see :class:`~tritask.tasks.store.Queues`)."""
+        now = await self._enter()
+        owner_id, lease_ms, concurrency = check_submit(owner_id, lease_ms, concurrency)
+        stamped = _stamped(task, now)
+        claim = owner_id is not None and (
+            concurrency is None
+            or (
+                self._running(concurrency.key, now) < concurrency.limit
+                and self._key_head(concurrency.key) is None
+            )
+        )
+        queued = stamped
+        if not claim and isinstance(stamped, Task):
+            queued = revise(stamped, status_message=QUEUED_MESSAGE)
+        entry = self._insert(
+            queued, work, access, now, owned=stamped is not task, concurrency=concurrency
+        )
+        if claim:
+            assert owner_id is not None
+            return self._grant(entry, owner_id, lease_ms, now)
+        entry.queued = True
+        entry.start_message = stamped.status_message
+        self._signal()
+        return clone_snapshot(entry.snapshot)
+
+    def listen_queue(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback()`` after each commit that may make a task claimable."""
+        listeners = self._queue_listeners
+        listeners.append(callback)
+        return lambda: listeners.remove(callback) if callback in listeners else None
+
+    def _signal(self) -> None:
+        for callback in list(self._queue_listeners):
+            callback()
+
     def _insert(
-        self, task: Task, work: Work, access: Access, now: int, *, owned: bool = False
+        self,
+        task: Task,
+        work: Work,
+        access: Access,
+        now: int,
+        *,
+        owned: bool = False,
+        concurrency: Concurrency | None = None,
     ) -> _Entry:
         """Store a checked copy of the caller's task and work (``owned``: the task already is
         one, made by ``_stamped``)."""
@@ -265,7 +337,12 @@ class MemoryStore:
         active = self._active.get(access.scope, 0)
         if self._max_active is not None and active >= self._max_active:
             raise CapacityExceeded("max_active_tasks_per_scope")
-        entry = _Entry(serial=next(self._serials), snapshot=snapshot, scope=access.scope)
+        entry = _Entry(
+            serial=next(self._serials),
+            snapshot=snapshot,
+            scope=access.scope,
+            concurrency=concurrency,
+        )
         self._entries[task.id] = entry
         self._active[access.scope] = active + 1
         expires_at = snapshot.task.expires_at
@@ -321,9 +398,45 @@ class MemoryStore:
             return Deferred(-(-(available_at - now) // 1000))
         if entry.claim is not None and now < entry.claim.expires_at:
             return UNAVAILABLE
+        concurrency = entry.concurrency
+        if concurrency is not None and self._running(concurrency.key, now) >= concurrency.limit:
+            return UNAVAILABLE
+        return None
+
+    def _running(self, key: str, now: int) -> int:
+        """How many tasks of concurrency key ``key`` hold a live claim at ``now``."""
+        claimed = self._key_claims.get(key)
+        if not claimed:
+            return 0
+        count = 0
+        for task_id in claimed:
+            claim = self._entries[task_id].claim
+            if claim is not None and now < claim.expires_at:
+                count += 1
+        return count
+
+    def _key_head(self, key: str) -> _Entry | None:
+        """The oldest ready task of ``key`` (stale heap items dropped), if any."""
+        heap = self._key_ready.get(key)
+        while heap:
+            entry = self._live(*heap[0][1:])
+            if entry is not None:
+                return entry
+            heapq.heappop(heap)
+        if heap is not None:
+            del self._key_ready[key]
         return None
 
     def _grant(self, entry: _Entry, owner_id: str, lease_ms: int, now: int) -> Claimed:
+        if entry.queued:
+            entry.queued = False
+            task = entry.snapshot.task
+            if task.status is TaskStatus.WORKING and task.status_message == QUEUED_MESSAGE:
+                started = revise(task, status_message=entry.start_message)
+                entry.snapshot = revise(entry.snapshot, task=started)
+        concurrency = entry.concurrency
+        if concurrency is not None:
+            self._key_claims.setdefault(concurrency.key, set()).add(entry.snapshot.task.id)
         entry.generation += 1
         lease = Lease(
             store_id=self._id,
@@ -355,17 +468,49 @@ class MemoryStore:
             _, task_id, serial, sched = heapq.heappop(self._timed)
             entry = self._live(task_id, serial, sched)
             if entry is not None:
-                created_at = entry.snapshot.task.created_at
-                heapq.heappush(self._ready, (created_at, task_id, serial, sched))
-        while self._ready:
-            _, task_id, serial, sched = heapq.heappop(self._ready)
-            entry = self._live(task_id, serial, sched)
+                self._push_ready(entry, (entry.snapshot.task.created_at, task_id, serial, sched))
+        while True:
+            entry = self._next_ready(now)
             if entry is None:
-                continue
+                return None
             if self._eligibility(entry, now) is None:
                 return self._grant(entry, owner_id, lease_ms, now)
             self._reschedule(entry, now)  # the clock went backwards: wait again
-        return None
+
+    def _next_ready(self, now: int) -> _Entry | None:
+        """The ready task to claim next: fewest live claims of its key first (no key: none),
+        then the oldest; keys at their limit are passed over."""
+        best: tuple[int, int, str] | None = None
+        chosen: _Entry | None = None
+        while self._ready:
+            entry = self._live(*self._ready[0][1:])
+            if entry is not None:
+                best, chosen = (0, *self._ready[0][:2]), entry
+                break
+            heapq.heappop(self._ready)
+        for key in list(self._key_ready):
+            head = self._key_head(key)
+            if head is None:
+                continue
+            assert head.concurrency is not None
+            running = self._running(key, now)
+            if running >= head.concurrency.limit:
+                continue
+            rank = (running, head.snapshot.task.created_at, head.snapshot.task.id)
+            if best is None or rank < best:
+                best, chosen = rank, head
+        if chosen is not None:
+            concurrency = chosen.concurrency
+            heap = self._ready if concurrency is None else self._key_ready[concurrency.key]
+            heapq.heappop(heap)
+        return chosen
+
+    def _push_ready(self, entry: _Entry, item: tuple[int, str, int, int]) -> None:
+        concurrency = entry.concurrency
+        if concurrency is None:
+            heapq.heappush(self._ready, item)
+        else:
+            heapq.heappush(self._key_ready.setdefault(concurrency.key, []), item)
 
     async def renew(self, lease: Lease, lease_ms: int) -> Lease:
         now = await self._enter()
@@ -409,8 +554,16 @@ class MemoryStore:
         entry = self._lease_entry(lease)
         if entry.claim != lease:
             raise StaleLease("the lease does not match the task's claim")
+        self._unclaim(entry, now)
+
+    def _unclaim(self, entry: _Entry, now: int) -> None:
+        """Clear the claim: the task (or another of its key) may be claimable now."""
         entry.claim = None
+        if entry.concurrency is not None:
+            self._key_claims.get(entry.concurrency.key, set()).discard(entry.snapshot.task.id)
         self._reschedule(entry, now)
+        if entry.concurrency is not None:
+            self._signal()  # a slot of its key freed: a queued task of the key may start
 
     def _lease_entry(self, lease: Lease) -> _Entry:
         if not isinstance(lease, Lease) or lease.store_id != self._id:
@@ -462,8 +615,7 @@ class MemoryStore:
             return replay
         result = self._apply(entry, expected_revision, event, now)
         if isinstance(result, Transition):
-            entry.claim = None
-            self._reschedule(entry, now)
+            self._unclaim(entry, now)
         return result
 
     def _released_replay(self, entry: _Entry, lease: object, event: Event) -> Transition | None:
@@ -555,6 +707,8 @@ class MemoryStore:
             del self._entries[task_id]
             if entry.active:
                 self._deactivate(entry.scope)
+            if entry.concurrency is not None:
+                self._key_claims.get(entry.concurrency.key, set()).discard(task_id)
             reaped.append(task_id)
         reaped.sort()
         self._feed.announce_reaped(reaped)
@@ -653,15 +807,21 @@ class MemoryStore:
         if wake > now:
             heapq.heappush(self._timed, (wake, *item))
         else:
-            heapq.heappush(self._ready, (snapshot.task.created_at, *item))
-        if len(self._ready) + len(self._timed) > 2 * len(self._entries) + 64:
+            self._push_ready(entry, (snapshot.task.created_at, *item))
+        self._items += 1
+        if self._items > 2 * len(self._entries) + 64:
             self._compact()
 
     def _compact(self) -> None:
-        self._ready = [i for i in self._ready if self._live(*i[1:]) is not None]
-        self._timed = [i for i in self._timed if self._live(*i[1:]) is not None]
-        heapq.heapify(self._ready)
-        heapq.heapify(self._timed)
+        def live(heap: list[tuple[int, str, int, int]]) -> list[tuple[int, str, int, int]]:
+            kept = [i for i in heap if self._live(*i[1:]) is not None]
+            heapq.heapify(kept)
+            return kept
+
+        self._ready = live(self._ready)
+        self._timed = live(self._timed)
+        self._key_ready = {k: h for k, h in ((k, live(h)) for k, h in self._key_ready.items()) if h}
+        self._items = len(self._ready) + len(self._timed) + sum(map(len, self._key_ready.values()))
 
 
 def open_memory_store(url: str, **options: Any) -> MemoryStore:

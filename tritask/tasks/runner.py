@@ -74,6 +74,7 @@ from tritask.tasks.store import (
     Authority,
     CapacityExceeded,
     Claimed,
+    Concurrency,
     Conflict,
     CreatesClaimed,
     Deferred,
@@ -87,8 +88,10 @@ from tritask.tasks.store import (
     Transition,
     WorkerAuthority,
     offers_changes,
+    queues,
     renews_leases,
     settles,
+    signals_queue,
     stamps_creation,
     work_tool,
 )
@@ -109,7 +112,7 @@ log = logging.getLogger("tritask.runner")
 
 Listener = Callable[[Snapshot], None]
 ChangeListener = Callable[[TaskChange], None]
-Source = Literal["request", "recovery", "retry"]
+Source = Literal["request", "recovery", "retry", "queue"]
 
 EXECUTOR_FAILED = "Durable task executor failed"
 NO_EXECUTOR = "Recovered work has no configured executor"
@@ -123,6 +126,8 @@ _STEP_BODY: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 )
 """The key of the step whose body the current trio task runs (inherited by its children), so
 context calls inside a body are refused. A context variable, not shared state."""
+_PARALLEL_CLAIMS = 8
+"""Claims of queued work a runner keeps in flight at once while filling free slots."""
 
 
 class RunnerNotRunning(RuntimeError):
@@ -234,6 +239,8 @@ class RunnerStatistics:
     stopped: int
     awaiting_slot: int
     scheduled_retries: int
+    queued: int = 0
+    """Tasks this runner stored queued (no slot was free) and has not seen start since."""
 
 
 def _positive(name: str, value: int | None, *, allow_none: bool = False) -> None:
@@ -266,6 +273,7 @@ class Runner:
         release_retry_ms: int = 100,
         suspend_sleep_after_ms: int | None = 5_000,
         suspend_input_after_ms: int | None = None,
+        max_queued_contexts: int = 1024,
     ) -> None:
         _positive("lease_ms", lease_ms)
         heartbeat = heartbeat_ms if heartbeat_ms is not None else max(lease_ms // 3, 1)
@@ -281,6 +289,8 @@ class Runner:
         _positive("release_retry_ms", release_retry_ms)
         _positive("suspend_sleep_after_ms", suspend_sleep_after_ms, allow_none=True)
         _positive("suspend_input_after_ms", suspend_input_after_ms, allow_none=True)
+        if not isinstance(max_queued_contexts, int) or max_queued_contexts < 0:
+            raise ValueError("max_queued_contexts must be an int >= 0")
         if owner_id is not None and (not isinstance(owner_id, str) or not owner_id):
             raise ValueError("owner_id must be a non-empty string")
         self.store = store
@@ -305,8 +315,21 @@ class Runner:
         self._wakes: list[float] = []
         """The earliest wakes (trio clock, sorted, at most :data:`MAX_KNOWN_WAKES`) of sleeps
         this runner suspended: its recovery pass runs at each; polling covers the rest."""
+        self.max_queued_contexts = max_queued_contexts
         self._jobs: dict[str, _Job] = {}
         self._contexts: dict[str, Context] = {}
+        # Queued tasks hold no trio task and no runner memory, except the request contexts
+        # of at most max_queued_contexts of them (the first queued: FIFO starts them first).
+        self._queued_contexts: set[str] = set()
+        self._queued_here = 0
+        # Whether the store may hold claimable work this runner has not asked for yet: set by
+        # a task queued here, a store signal or wake-up, a claim_next that found work; cleared
+        # by a claim_next that found none. A freed slot asks the store only then, so a runner
+        # without a backlog spends no store call per attempt.
+        self._backlog = False
+        self._claiming = 0
+        self._filling = False
+        self._fill_again = False
         self._retry_scopes: dict[str, trio.CancelScope] = {}
         self._awaiting_slot: deque[str] = deque()
         self._listeners: list[Listener] = []
@@ -343,12 +366,15 @@ class Runner:
         """Run until :meth:`stop`; then stop every attempt and release every lease."""
         if self._nursery is not None or self._stopped.is_set():
             raise RuntimeError("a Runner can run only once")
+        unlisten: Callable[[], None] | None = None
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 if self._store_changes:
                     # Registered with the store's feed before anything can commit.
                     await nursery.start(self._changes_loop)
+                if signals_queue(self.store):
+                    unlisten = self.store.listen_queue(self._queue_signal)
                 if self.recover:
                     nursery.start_soon(self._recovery_loop)
                 if isinstance(self.store, OffersWakeups):
@@ -366,6 +392,8 @@ class Runner:
                     await self._drain()
                 nursery.cancel_scope.cancel()
         finally:
+            if unlisten is not None:
+                unlisten()
             self._stopping.set()
             self._stopped.set()
 
@@ -417,6 +445,7 @@ class Runner:
             stopped=self._stopped_count,
             awaiting_slot=len(self._awaiting_slot),
             scheduled_retries=len(self._retry_scopes),
+            queued=self._queued_here,
         )
 
     def active_task_ids(self) -> list[str]:
@@ -583,18 +612,26 @@ class Runner:
         *,
         context: Context | None = None,
         stamp: bool = False,
+        concurrency: Concurrency | None = None,
     ) -> Snapshot:
-        """Store the task and start it here: capacity check, create and claim, start.
+        """Store the task, and start it here when a slot is free; else it waits queued.
 
-        With a store that offers ``create_claimed`` the task is created already claimed, so
-        no recovering runner can adopt it first; otherwise ``create`` is followed by ``claim``.
-        With ``stamp`` the task's ``createdAt``/``lastUpdatedAt`` (placeholders) become the
-        store's clock at creation: in the creating step itself on a store that offers
-        ``create_claimed_stamped``, else read with ``now()`` just before.
+        A slot is taken when one of ``max_jobs`` is free and no task this runner queued is
+        still waiting (first in first out); the task is then created already claimed, so no
+        recovering runner can adopt it first (``submit``, ``create_claimed_stamped`` or
+        ``create_claimed`` when the store offers them, else ``create`` then ``claim``).
+        Otherwise, or when its ``concurrency`` key is full, it is stored unclaimed, queued,
+        and the first runner of the store with a free slot claims it (this one when a slot
+        frees here, any other one through ``claim_next``). With ``stamp`` the task's
+        ``createdAt``/``lastUpdatedAt`` (placeholders) become the store's clock at creation.
+        ``concurrency`` needs a store that offers :class:`~tritask.tasks.store.Queues` and
+        ``stamp``.
         """
         self._require_running()
-        if len(self._jobs) >= self.max_jobs:
-            raise _JobCapacity()
+        if concurrency is not None and not (stamp and queues(self.store)):
+            raise TypeError(
+                "concurrency keys need stamp=True and a store that offers Queues (submit)"
+            )
         trace = work.trace_context
         if trace is None and context is not None:
             trace = TraceContext.from_carrier(context.meta.raw)
@@ -611,8 +648,10 @@ class Runner:
             try:
                 if persisted is not None and persisted != work.trace_context:
                     work = attrs.evolve(work, trace_context=persisted)
-                snapshot = await self._create(task, work, access, context, stamp)
-                outcome = "created"
+                snapshot, queued = await self._create(
+                    task, work, access, context, stamp, concurrency
+                )
+                outcome = "queued" if queued else "created"
                 return snapshot
             finally:
                 self._emit(
@@ -621,19 +660,40 @@ class Runner:
                     {"task_id": task.id, "tool": tool, "outcome": outcome},
                 )
 
+    def _free_slots(self) -> int:
+        return self.max_jobs - len(self._jobs) - self._claiming
+
     async def _create(
-        self, task: Task, work: Work, access: Access, context: Context | None, stamp: bool
-    ) -> Snapshot:
+        self,
+        task: Task,
+        work: Work,
+        access: Access,
+        context: Context | None,
+        stamp: bool,
+        concurrency: Concurrency | None,
+    ) -> tuple[Snapshot, bool]:
+        """The stored task, and whether it waits queued."""
+        take = self._free_slots() > 0 and not self._backlog and not self._awaiting_slot
+        if stamp and queues(self.store):
+            return await self._submit(task, work, access, context, take, concurrency)
+        if not take:
+            if stamp:
+                now = await self.store.now()
+                task = attrs.evolve(task, created_at=now, last_updated_at=now)
+            snapshot = await self.store.create(task, work, access)
+            self._queued(task.id, context)
+            return snapshot, True
         if context is not None:
             self._contexts[task.id] = context
         started = trio.current_time()
+        self._claiming += 1
         try:
             if stamp and stamps_creation(self.store):
                 claimed = await self.store.create_claimed_stamped(
                     task, work, access, self.owner_id, self.lease_ms
                 )
                 await self._start(claimed, "request", trio.current_time() - started)
-                return claimed.snapshot
+                return claimed.snapshot, False
             if stamp:
                 now = await self.store.now()
                 task = attrs.evolve(task, created_at=now, last_updated_at=now)
@@ -642,13 +702,61 @@ class Runner:
                     task, work, access, self.owner_id, self.lease_ms
                 )
                 await self._start(claimed, "request", trio.current_time() - started)
-                return claimed.snapshot
+                return claimed.snapshot, False
             snapshot = await self.store.create(task, work, access)
         except BaseException:
             self._contexts.pop(task.id, None)
             raise
+        finally:
+            self._claiming -= 1
         await self._claim_and_start(task.id, "request")
-        return snapshot
+        return snapshot, False
+
+    async def _submit(
+        self,
+        task: Task,
+        work: Work,
+        access: Access,
+        context: Context | None,
+        take: bool,
+        concurrency: Concurrency | None,
+    ) -> tuple[Snapshot, bool]:
+        """Create through ``Queues.submit``: claimed for this runner when ``take`` and the
+        task's key allow, else queued."""
+        assert queues(self.store)
+        started = trio.current_time()
+        if take:
+            self._claiming += 1
+        try:
+            result = await self.store.submit(
+                task,
+                work,
+                access,
+                owner_id=self.owner_id if take else None,
+                lease_ms=self.lease_ms,
+                concurrency=concurrency,
+            )
+            if isinstance(result, Claimed):
+                if context is not None:
+                    self._contexts[task.id] = context
+                await self._start(result, "request", trio.current_time() - started)
+                return result.snapshot, False
+        finally:
+            if take:
+                self._claiming -= 1
+        self._queued(task.id, context)
+        return result, True
+
+    def _queued(self, task_id: str, context: Context | None) -> None:
+        """A task this runner stored queued: keep its context (within the bound) for when a
+        slot frees here, and claim at once if a slot is free (its key was full, say)."""
+        self._queued_here += 1
+        self._backlog = True
+        if context is not None and len(self._queued_contexts) < self.max_queued_contexts:
+            self._contexts[task_id] = context
+            self._queued_contexts.add(task_id)
+        if self._free_slots() > 0:
+            self._drain_soon()
 
     async def start_task(self, task_id: str, *, context: Context | None = None) -> None:
         """Claim and start an existing task here (a no-op if this runner already runs it)."""
@@ -657,7 +765,7 @@ class Runner:
             self._contexts[task_id] = context
         if task_id in self._jobs:
             return
-        if len(self._jobs) >= self.max_jobs:
+        if self._free_slots() <= 0:
             raise _JobCapacity()
         await self._claim_and_start(task_id, "request")
 
@@ -705,6 +813,7 @@ class Runner:
         with contextlib.suppress(ValueError):
             self._awaiting_slot.remove(task_id)
         self._contexts.pop(task_id, None)
+        self._queued_contexts.discard(task_id)
         job = self._jobs.get(task_id)
         if job is not None:
             await self._stop_job(job, reason)
@@ -754,6 +863,9 @@ class Runner:
                 return
             except Exception:
                 log.exception("renewing the reclaimed lease of task %s failed", lease.task_id)
+        if lease.task_id in self._queued_contexts:
+            self._queued_contexts.discard(lease.task_id)
+            source = "queue"  # queued here, and its request context kept
         token = ExecutionToken(
             task_id=lease.task_id,
             idempotency_key=snapshot.work.idempotency_key,
@@ -812,7 +924,7 @@ class Runner:
             del self._retry_scopes[task_id]
         if scope.cancelled_caught or task_id in self._jobs:
             return
-        if len(self._jobs) >= self.max_jobs:
+        if self._free_slots() <= 0:
             if task_id not in self._awaiting_slot:
                 self._awaiting_slot.append(task_id)
             return
@@ -826,11 +938,106 @@ class Runner:
             log.exception("claiming the retry of task %s failed; trying again", task_id)
             self._schedule_retry(task_id, self.release_retry_ms)
 
+    def _may_drain(self) -> bool:
+        """Whether a freed slot should ask the store for queued work (see ``_backlog``)."""
+        return self._backlog
+
+    def _queue_signal(self) -> None:
+        """The store says queued work may be claimable (a ``SignalsQueue`` callback, or a
+        wake-up). A runner with ``recover=False`` adopts no work but its own: it listens only
+        while tasks it queued may still wait."""
+        if not self.recover and not self._queued_here:
+            return
+        self._backlog = True
+        if self._free_slots() > 0:
+            self._drain_soon()
+
+    def _drain_soon(self) -> None:
+        """Fill free slots in the background (at most one filler runs; a request made while
+        it runs makes it look again)."""
+        if self._filling:
+            self._fill_again = True
+            return
+        if not self.running or self._nursery is None:
+            return
+        self._filling = True
+        self._nursery.start_soon(self._fill_slots)
+
     async def _fill_slots(self) -> None:
-        while self._awaiting_slot and len(self._jobs) < self.max_jobs and self.running:
-            task_id = self._awaiting_slot.popleft()
-            if task_id not in self._jobs:
-                await self._claim_retry(task_id)
+        """Due retries waiting for a slot first, then queued work from the store."""
+        try:
+            while True:
+                self._fill_again = False
+                while self._awaiting_slot and self._free_slots() > 0 and self.running:
+                    task_id = self._awaiting_slot.popleft()
+                    if task_id not in self._jobs:
+                        await self._claim_retry(task_id)
+                if self._may_drain():
+                    try:
+                        await self._claim_queued(self.max_jobs, _PARALLEL_CLAIMS)
+                    except Exception:
+                        log.exception("claiming queued work failed; trying again")
+                        await trio.sleep(self.release_retry_ms / 1000)
+                        self._fill_again = True
+                if not self._fill_again or not self.running:
+                    return
+        finally:
+            self._filling = False
+
+    async def _claim_queued(self, limit: int, parallel: int = 1) -> int:
+        """Claim and start up to ``limit`` claimable tasks with ``claim_next`` while slots are
+        free; return how many. With ``parallel`` several claims are in flight at once (a store
+        serialises them in order, and a SQLite lane runs those queued behind each other in one
+        thread hop), so a draining queue refills the slots at the store's pace, not one round
+        trip at a time. Recovery passes claim one at a time: a claim that must first wait for
+        a replaced attempt to exit is followed by the next claim, not by a pass already over."""
+        adopted = 0
+        exhausted = False
+        failure: Exception | None = None
+
+        async def claimer() -> None:
+            nonlocal adopted, exhausted, failure
+            while (
+                not exhausted
+                and failure is None
+                and adopted < limit
+                and self._free_slots() > 0
+                and self.running
+            ):
+                adopted += 1  # reserved before the call: other claimers see it
+                started = trio.current_time()
+                self._claiming += 1
+                try:
+                    claimed = await self.store.claim_next(self.owner_id, self.lease_ms)
+                    if claimed is not None:
+                        await self._start(claimed, "recovery", trio.current_time() - started)
+                except Exception as error:
+                    adopted -= 1
+                    failure = failure or error
+                    return
+                finally:
+                    self._claiming -= 1
+                if claimed is None:
+                    adopted -= 1
+                    exhausted = True
+                    return
+
+        parallel = min(limit, self._free_slots(), parallel)
+        if parallel == 1:
+            await claimer()
+        elif parallel > 1:
+            async with trio.open_nursery() as nursery:
+                for _ in range(parallel):
+                    nursery.start_soon(claimer)
+        if failure is not None:
+            raise failure
+        if exhausted:
+            self._queued_here = 0  # nothing claimable is left (for this runner, now)
+            self._backlog = False
+        else:
+            self._queued_here = max(0, self._queued_here - adopted)
+            self._backlog = self._backlog or adopted > 0
+        return adopted
 
     # -- one attempt ---------------------------------------------------------------------
 
@@ -1041,8 +1248,8 @@ class Runner:
             # After a stale release the store decides when the retry is due (delay 0 rechecks).
             assert job.retry_delay_ms is not None
             self._schedule_retry(job.task_id, job.retry_delay_ms if released == "ok" else 0)
-        if self._awaiting_slot and self.running and self._nursery is not None:
-            self._nursery.start_soon(self._fill_slots)
+        if self._free_slots() > 0 and (self._awaiting_slot or self._may_drain()):
+            self._drain_soon()
 
     async def _release(
         self, lease: Lease, *, retry: bool = False
@@ -1600,7 +1807,12 @@ class Runner:
         kind = str(getattr(wakeup, "kind", ""))
         task_id = getattr(wakeup, "task_id", None)
         local = bool(getattr(wakeup, "local", False))
-        if kind in ("resync", "created", "released") and not (local and kind == "created"):
+        if kind in ("resync", "created", "released"):
+            # Queued or freed work (a task created queued, a claim released): fill free slots
+            # now. A local creation is heard too: another runner on this store object may have
+            # queued it.
+            self._queue_signal()
+        if kind == "resync":
             self._poke_recovery()
         elif kind == "retry_scheduled":
             due_at = getattr(wakeup, "due_at", None)
@@ -1630,17 +1842,7 @@ class Runner:
 
     async def recover_once(self) -> int:
         """Claim and start up to ``recovery_batch_size`` claimable tasks; return how many."""
-        adopted = 0
-        for _ in range(self.recovery_batch_size):
-            if len(self._jobs) >= self.max_jobs or not self.running:
-                break
-            started = trio.current_time()
-            claimed = await self.store.claim_next(self.owner_id, self.lease_ms)
-            if claimed is None:
-                break
-            await self._start(claimed, "recovery", trio.current_time() - started)
-            adopted += 1
-        return adopted
+        return await self._claim_queued(self.recovery_batch_size)
 
     async def _reap_loop(self) -> None:
         assert self.reap_interval_ms is not None

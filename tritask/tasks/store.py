@@ -50,6 +50,7 @@ __all__ = [
     "MAX_LIST_PAGE",
     "NOT_FOUND",
     "OPERATOR_ACTIONS",
+    "QUEUED_MESSAGE",
     "REQUEST_KINDS",
     "SETTLE_KINDS",
     "SHARED_SCOPE_KEY",
@@ -64,6 +65,7 @@ __all__ = [
     "CapacityExceeded",
     "ClaimInfo",
     "Claimed",
+    "Concurrency",
     "Conflict",
     "CorruptStore",
     "CreatesClaimed",
@@ -80,11 +82,13 @@ __all__ = [
     "ListsTasks",
     "NotFound",
     "OffersChanges",
+    "Queues",
     "Renewed",
     "RenewsLeases",
     "RequestAuthority",
     "Scope",
     "Settles",
+    "SignalsQueue",
     "StaleLease",
     "StampsCreation",
     "StepKeyReused",
@@ -109,6 +113,7 @@ __all__ = [
     "check_positive_int",
     "check_positive_ms",
     "check_renewals",
+    "check_submit",
     "check_task_query",
     "check_transition_arguments",
     "decode_ledger",
@@ -116,10 +121,12 @@ __all__ = [
     "lists_tasks",
     "new_access",
     "offers_changes",
+    "queues",
     "renews_leases",
     "require_scope",
     "resolve_scope",
     "settles",
+    "signals_queue",
     "stamps_creation",
     "work_tool",
 ]
@@ -163,6 +170,8 @@ MAX_LIST_PAGE: Final = 10_000
 """The largest page :meth:`ListsTasks.list_tasks` returns in one call."""
 OPERATOR_ACTIONS: Final = frozenset({Action.GET, Action.UPDATE, Action.CANCEL})
 """The actions :meth:`ListsTasks.operator_access` grants (an operator never creates tasks)."""
+QUEUED_MESSAGE: Final = "Queued: waiting for a free runner slot"
+"""The status message of a task :meth:`Queues.submit` stored unclaimed (until its first claim)."""
 
 
 # -- errors -------------------------------------------------------------------------------------
@@ -303,6 +312,32 @@ class Deferred:
     """A retry is scheduled: claimable in ``remaining_ms`` (> 0, rounded up)."""
 
     remaining_ms: int
+
+
+def _concurrency_key(_inst: object, _attr: object, value: Any) -> None:
+    if not isinstance(value, str):
+        raise TypeError("a concurrency key is canonical JSON text (use canonical_json(value))")
+    try:
+        canonical = canonical_json(json.loads(value))
+    except (ValueError, InvalidJSON):
+        canonical = None
+    if canonical != value:
+        raise ValueError(f"concurrency key {value!r} is not canonical JSON")
+
+
+def _concurrency_limit(_inst: object, _attr: object, value: Any) -> None:
+    if type(value) is not int or value <= 0:
+        raise ValueError("a concurrency limit must be a positive int")
+
+
+@attrs.frozen
+class Concurrency:
+    """At most ``limit`` tasks carrying ``key`` hold a live claim at once, across every runner
+    on the store (the store's claims enforce it). ``key`` is canonical JSON text; the Tasks
+    extension makes it ``[tool, key value]``, so tools never share a key by accident."""
+
+    key: str = attrs.field(validator=_concurrency_key)
+    limit: int = attrs.field(validator=_concurrency_limit)
 
 
 @final
@@ -640,6 +675,17 @@ def check_create_access(access: object, store_id: str, task: object) -> Access:
     return access
 
 
+def check_submit(
+    owner_id: object, lease_ms: object, concurrency: object
+) -> tuple[str | None, int, Concurrency | None]:
+    """The arguments of :meth:`Queues.submit` (``owner_id`` ``None``: queue it)."""
+    owner = None if owner_id is None else check_owner(owner_id)
+    lease = check_positive_ms(lease_ms, "lease_ms")
+    if concurrency is not None and not isinstance(concurrency, Concurrency):
+        raise TypeError("concurrency must be a Concurrency or None")
+    return owner, lease, concurrency
+
+
 def check_audit_page(limit: object, after: object) -> None:
     """The arguments of a durable store's ``audit(limit=..., after=...)``."""
     if type(limit) is not int or not 1 <= limit <= MAX_AUDIT_PAGE:
@@ -815,6 +861,62 @@ class StampsCreation(Protocol):
 
 
 @runtime_checkable
+class Queues(Protocol):
+    """A store that is a queue: creation never needs a free runner slot.
+
+    ``submit(task, work, access, owner_id=..., lease_ms=..., concurrency=...)`` creates the
+    task as :meth:`Store.create` does (the same checks and limits, in one atomic step), stamped
+    with the store's clock as :class:`StampsCreation` says, and then, in that same step:
+
+    * with an ``owner_id``, claims it for that owner at generation 1 and returns
+      :class:`Claimed`, unless its ``concurrency`` key is full (``limit`` live claims) or holds
+      claimable tasks submitted earlier (first in first out within a key);
+    * otherwise stores it *queued* and returns its :class:`Snapshot`: ``working``, revision 0,
+      status message :data:`QUEUED_MESSAGE`. The given status message is kept aside and becomes
+      the task's again at its first claim (``claim`` or ``claim_next``, by any runner), without
+      a new revision: nothing happened to the task, it only started.
+
+    A queued task is an ordinary stored task: ``get``, ``transition`` (cancel), TTL and ``reap``
+    apply to it as to any other.
+
+    Concurrency keys bind every claim of a store that offers this capability: a task whose key
+    has ``limit`` live claims is not claimable (``claim`` answers ``UNAVAILABLE``, ``claim_next``
+    passes it over), and ``claim_next`` takes, among the claimable tasks, one whose key has the
+    fewest live claims (a task without a key counts as none), the oldest by
+    ``(created_at, task_id)`` among those: first in first out within a key, fair across keys.
+    Without keys this is exactly the plain ``claim_next`` order. Detected on the store's class
+    (:func:`queues`), for the reason given under :class:`Settles`.
+    """
+
+    async def submit(
+        self,
+        task: Task,
+        work: Work,
+        access: Access,
+        *,
+        owner_id: str | None,
+        lease_ms: int,
+        concurrency: Concurrency | None = None,
+    ) -> Claimed | Snapshot: ...
+
+
+@runtime_checkable
+class SignalsQueue(Protocol):
+    """A store that tells the runners of this process when queued work may be claimable.
+
+    ``listen_queue(callback)`` calls ``callback()`` (in the trio thread, synchronously, so it
+    must only schedule work) after each commit of this store object that makes queued work
+    claimable: a task stored unclaimed (queued), a claim on a task with a concurrency key
+    released or settled (a slot of its key freed). It returns a function
+    that unsubscribes. A signal is a hint, never the authority: runners still ask the store.
+    Stores shared across processes add their own channel (PostgreSQL ``NOTIFY``, see
+    :class:`OffersWakeups`); others are polled across processes.
+    """
+
+    def listen_queue(self, callback: Callable[[], None]) -> Callable[[], None]: ...
+
+
+@runtime_checkable
 class ListsTasks(Protocol):
     """A store that lets an operator see and act on every task it holds, across scopes.
 
@@ -893,6 +995,16 @@ def stamps_creation(store: object) -> TypeGuard[StampsCreation]:
 def renews_leases(store: object) -> TypeGuard[RenewsLeases]:
     """Whether ``store``'s class offers :class:`RenewsLeases`."""
     return _class_offers(store, "renew_all")
+
+
+def queues(store: object) -> TypeGuard[Queues]:
+    """Whether ``store``'s class offers :class:`Queues`."""
+    return _class_offers(store, "submit")
+
+
+def signals_queue(store: object) -> TypeGuard[SignalsQueue]:
+    """Whether ``store``'s class offers :class:`SignalsQueue`."""
+    return _class_offers(store, "listen_queue")
 
 
 def lists_tasks(store: object) -> TypeGuard[ListsTasks]:

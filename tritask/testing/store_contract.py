@@ -46,16 +46,18 @@ import trio
 from tritask.tasks._time import format_instant
 from tritask.tasks.changes import TaskChange
 from tritask.tasks.events import Effects, Event, EventKind, RetryEffect, derived_event_id
-from tritask.tasks.model import Snapshot, TaskStatus, new_task
+from tritask.tasks.model import CANCELLED_MESSAGE, Snapshot, TaskStatus, new_task
 from tritask.tasks.store import (
     LEASE_LOST,
     NOT_FOUND,
+    QUEUED_MESSAGE,
     UNAVAILABLE,
     Action,
     AlreadyExists,
     CapacityExceeded,
     Claimed,
     ClaimInfo,
+    Concurrency,
     Conflict,
     CreatesClaimed,
     Deferred,
@@ -83,6 +85,7 @@ from tritask.tasks.store import (
     WorkerAuthority,
     lists_tasks,
     offers_changes,
+    queues,
     renews_leases,
     settles,
     stamps_creation,
@@ -1822,3 +1825,228 @@ class StoreContract:
             await self.create(shared, "task-1", None)
             access = await shared_ops.operator_access("task-1", Action.UPDATE)
             assert access == await shared.authorize(None, Action.UPDATE, "task-1")
+
+    # -- the queue and concurrency keys (Queues) ----------------------------------------------
+
+    @staticmethod
+    async def submit(
+        store: Store,
+        task_id: str,
+        ctx: object = A,
+        *,
+        owner: str | None = None,
+        concurrency: Concurrency | None = None,
+        message: str | None = "Task accepted",
+        ttl_ms: int | None = 60_000,
+    ) -> Claimed | Snapshot:
+        """``Queues.submit`` of a contract task (the test is skipped without the capability)."""
+        access = await store.authorize(ctx, Action.CREATE, task_id)
+        if not queues(store):
+            pytest.skip("the store does not offer Queues")
+        task = new_task(task_id, 0, ttl_ms, 5, message)  # createdAt is a placeholder
+        work = Work(idempotency_key=task_id, type="contract", input={"taskId": task_id})
+        return await store.submit(
+            task, work, access, owner_id=owner, lease_ms=LEASE_MS, concurrency=concurrency
+        )
+
+    async def queued(self, store: Store, task_id: str, **options: Any) -> Snapshot:
+        result = await self.submit(store, task_id, **options)
+        assert isinstance(result, Snapshot), result
+        return result
+
+    @staticmethod
+    async def claim_all(store: Store, owner: str = "owner-1") -> list[Claimed]:
+        """``claim_next`` until it finds nothing."""
+        claims: list[Claimed] = []
+        while (claimed := await store.claim_next(owner, LEASE_MS)) is not None:
+            claims.append(claimed)
+        return claims
+
+    async def test_submit_queues_and_the_first_claim_gives_the_message_back(self) -> None:
+        async with self.store() as store:
+            queued = await self.queued(store, "task-1")
+            assert queued.revision == 0
+            assert queued.task.status is TaskStatus.WORKING
+            assert queued.task.status_message == QUEUED_MESSAGE
+            assert (queued.task.created_at, queued.task.last_updated_at) == (START, START)
+            assert queued.task.expires_at == START + 60_000_000
+            get = await store.authorize(A, Action.GET, "task-1")
+            assert await store.get("task-1", get) == queued
+            claimed = await self.submit(store, "task-2", owner="owner-1")
+            assert isinstance(claimed, Claimed)
+            assert (claimed.lease.generation, claimed.lease.owner_id) == (1, "owner-1")
+            assert claimed.snapshot.task.status_message == "Task accepted"
+            await self.advance(1)
+            first = await store.claim_next("owner-2", LEASE_MS)
+            assert isinstance(first, Claimed)
+            assert (first.lease.task_id, first.lease.generation) == ("task-1", 1)
+            started = first.snapshot
+            assert started.task.status_message == "Task accepted"
+            assert started.revision == 0
+            assert started.task.last_updated_at == START  # nothing happened: it started
+            assert started == attrs.evolve(
+                queued, task=attrs.evolve(queued.task, status_message="Task accepted")
+            )
+            assert await store.get("task-1", get) == started
+            assert await store.worker_snapshot("task-1", first.lease) == started
+            assert await store.claim_next("owner-2", LEASE_MS) is None
+            # A task created without a message gets none back; a targeted claim starts it too.
+            await self.queued(store, "task-3", message=None)
+            third = await store.claim("task-3", "owner-3", LEASE_MS)
+            assert isinstance(third, Claimed)
+            assert third.snapshot.task.status_message is None
+            # Its work and completion are an ordinary task's.
+            worker = WorkerAuthority(first.lease)
+            done = await self.applied(store, "task-1", 0, Event.completed({"v": 1}), worker)
+            assert done.snapshot.task.status is TaskStatus.COMPLETED
+
+    async def test_queue_order_is_first_in_first_out(self) -> None:
+        async with self.store() as store:
+            names = [f"task-{(n * 7) % 30:02d}" for n in range(30)]  # not in id order
+            for name in names:
+                await self.queued(store, name)
+                await self.advance(1)
+            for name in ("tie-b", "tie-a", "tie-c"):  # one instant: ties go by task id
+                await self.queued(store, name)
+            claims = await self.claim_all(store)
+            assert [c.lease.task_id for c in claims] == [*names, "tie-a", "tie-b", "tie-c"]
+            assert {c.lease.generation for c in claims} == {1}
+            assert {c.snapshot.task.status_message for c in claims} == {"Task accepted"}
+
+    async def test_queued_tasks_cancel_expire_and_reap(self) -> None:
+        async with self.store() as store:
+            await self.queued(store, "short", ttl_ms=1_000)
+            await self.queued(store, "cancelled")
+            cancel = await self.request(store, A, Action.CANCEL, "cancelled")
+            result = await self.applied(store, "cancelled", 0, Event.cancelled(), cancel)
+            assert result.snapshot.task.status is TaskStatus.CANCELLED
+            assert result.snapshot.task.status_message == CANCELLED_MESSAGE
+            update = await self.request(store, A, Action.UPDATE, "short")
+            answer = Event.input_responses_accepted({"a": {"ok": True}})
+            unchanged = await store.transition("short", 0, answer, update)
+            assert isinstance(unchanged, Transition) and unchanged.outcome == "unchanged"
+            await self.advance(1_000)
+            get = await store.authorize(A, Action.GET, "short")
+            assert await store.get("short", get) is NOT_FOUND
+            assert await store.reap() == ["short"]
+            assert await store.claim_next("owner-1", LEASE_MS) is None
+
+    async def test_a_concurrency_key_limits_live_claims(self) -> None:
+        key = Concurrency(canonical_json(["export", "tenant-a"]), 2)
+        async with self.store() as store:
+            for name in ("k1", "k2", "k3"):
+                await self.queued(store, name, concurrency=key)
+                await self.advance(1)
+            await self.queued(store, "free")
+            claims = await self.claim_all(store)
+            assert [c.lease.task_id for c in claims] == ["k1", "free", "k2"]  # fewest first
+            assert await store.claim("k3", "owner-1", LEASE_MS) is UNAVAILABLE
+            await self.finish(store, claims[1].lease)  # "free" is done (frees no key slot)
+            assert await store.claim_next("owner-1", LEASE_MS) is None
+            # A submission with an owner queues too while the key is full.
+            k4 = await self.submit(store, "k4", owner="owner-1", concurrency=key)
+            assert isinstance(k4, Snapshot) and k4.task.status_message == QUEUED_MESSAGE
+            await self.finish(store, claims[0].lease)  # k1 settles: a slot of the key frees
+            k3 = await store.claim_next("owner-1", LEASE_MS)
+            assert isinstance(k3, Claimed) and k3.lease.task_id == "k3"
+            assert k3.snapshot.task.status_message == "Task accepted"
+            assert await store.claim_next("owner-1", LEASE_MS) is None
+            # Lapsed claims free their slots: k2 and k3 expire and are claimed again first.
+            await self.advance(LEASE_MS)
+            again = await self.claim_all(store, "owner-2")
+            assert [(c.lease.task_id, c.lease.generation) for c in again] == [
+                ("k2", 2),
+                ("k3", 2),
+            ]
+            # A released claim frees its slot too (and its task is claimable again).
+            await store.release(again[0].lease)
+            last = await self.claim_all(store, "owner-2")
+            assert [(c.lease.task_id, c.lease.generation) for c in last] == [("k2", 3)]
+            await self.finish(store, last[0].lease)
+            assert [c.lease.task_id for c in await self.claim_all(store, "owner-2")] == ["k4"]
+
+    async def test_a_new_task_of_a_key_queues_behind_its_waiting_ones(self) -> None:
+        key = Concurrency(canonical_json(["report", None]), 1)
+        async with self.store() as store:
+            await self.queued(store, "older", concurrency=key)
+            await self.advance(1)
+            newer = await self.submit(store, "newer", owner="owner-1", concurrency=key)
+            assert isinstance(newer, Snapshot)  # the key has room, but "older" waits
+            claims = await self.claim_all(store)
+            assert [c.lease.task_id for c in claims] == ["older"]
+            await self.finish(store, claims[0].lease)
+            assert [c.lease.task_id for c in await self.claim_all(store)] == ["newer"]
+            other = Concurrency(canonical_json(["report", "other"]), 1)
+            first = await self.submit(store, "first-of-other", owner="owner-1", concurrency=other)
+            assert isinstance(first, Claimed) and first.lease.generation == 1
+
+    async def test_claims_are_fair_across_keys(self) -> None:
+        a = Concurrency(canonical_json(["export", "a"]), 5)
+        b = Concurrency(canonical_json(["export", "b"]), 5)
+        async with self.store() as store:
+            for name, key in (
+                ("a1", a),
+                ("a2", a),
+                ("a3", a),
+                ("a4", a),
+                ("b1", b),
+                ("b2", b),
+                ("u1", None),
+            ):
+                await self.queued(store, name, concurrency=key)
+                await self.advance(1)
+            claims = await self.claim_all(store)
+            # The fewest live claims of its key first (no key: none), then the oldest.
+            assert [c.lease.task_id for c in claims] == ["a1", "b1", "u1", "a2", "b2", "a3", "a4"]
+
+    async def test_a_runner_dies_with_hundreds_of_queued_and_running_tasks(self) -> None:
+        key = Concurrency(canonical_json(["export", "tenant-a"]), 3)
+        async with self.store() as store:
+            names = [f"task-{n:03d}" for n in range(300)]
+            keyed = {name for n, name in enumerate(names) if n % 3 == 0}
+            for name in names:
+                await self.queued(store, name, concurrency=key if name in keyed else None)
+                await self.advance(1)
+            dead = [await store.claim_next("dead", LEASE_MS) for _ in range(20)]
+            assert all(isinstance(c, Claimed) for c in dead)
+            held = [c.lease.task_id for c in dead if isinstance(c, Claimed)]
+            # Fair across keys: once the key has a live claim, tasks without a key go first.
+            assert [name for name in held if name in keyed] == ["task-000"]
+            # The dead runner never settles: its claims lapse.
+            await self.advance(LEASE_MS)
+            seen: list[tuple[str, int]] = []
+            live: list[Lease] = []  # the survivor holds keyed claims until it must release
+            done = 0
+            while done < len(names):
+                claimed = await store.claim_next("survivor", LEASE_MS)
+                if claimed is None:
+                    assert live, "claimable work vanished"
+                    for lease in live:
+                        await self.finish(store, lease)
+                        done += 1
+                    live.clear()
+                    continue
+                lease = claimed.lease
+                seen.append((lease.task_id, lease.generation))
+                if lease.task_id in keyed:
+                    live.append(lease)
+                    assert len(live) <= 3
+                else:
+                    await self.finish(store, lease)
+                    done += 1
+            assert sorted(name for name, _ in seen) == names  # each claimed exactly once
+            assert {name for name, generation in seen if generation == 2} == set(held)
+            unkeyed = [name for name, _ in seen if name not in keyed]
+            assert unkeyed == sorted(unkeyed)  # first in first out
+            for name in names:
+                get = await store.authorize(A, Action.GET, name)
+                snapshot = await store.get(name, get)
+                assert isinstance(snapshot, Snapshot)
+                assert snapshot.task.status is TaskStatus.COMPLETED
+
+    @staticmethod
+    async def finish(store: Store, lease: Lease) -> None:
+        worker = WorkerAuthority(lease)
+        result = await store.transition(lease.task_id, 0, Event.completed({"v": 1}), worker)
+        assert isinstance(result, Transition) and result.outcome == "applied", result
+        await store.release(lease)

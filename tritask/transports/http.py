@@ -47,7 +47,7 @@ from tritask.jsonrpc import (
     message_from_value,
 )
 from tritask.protocol.auth import AccessToken, InsufficientScope
-from tritask.protocol.errors import HeaderMismatch, http_status_for
+from tritask.protocol.errors import HeaderMismatch, http_response_status
 from tritask.protocol.headers import (
     METHOD_HEADER,
     NAME_HEADER,
@@ -464,26 +464,26 @@ async def _error(send: Send, status: int, message: dict[str, JSONValue]) -> None
     await _json(send, status, message)
 
 
-async def _json(send: Send, status: int, message: dict[str, JSONValue]) -> None:
+async def _json(
+    send: Send, status: int, message: dict[str, JSONValue], retry_after: int | None = None
+) -> None:
     body = dumps(message).encode("utf-8")
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", b"%d" % len(body)),
-            ],
-        }
-    )
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", b"%d" % len(body)),
+    ]
+    if retry_after is not None:
+        headers.append((b"retry-after", b"%d" % retry_after))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
-def _status_of(response: dict[str, JSONValue]) -> int:
+def _status_of(response: dict[str, JSONValue]) -> tuple[int, int | None]:
+    """The HTTP status of a response (and its ``Retry-After``, for a retryable refusal)."""
     error = response.get("error")
-    if isinstance(error, dict) and isinstance(error.get("code"), int):
-        return http_status_for(error["code"])
-    return 200
+    if error is None:
+        return 200, None
+    return http_response_status(error)
 
 
 _KEEPALIVE_COMMENT: Final[Message] = {
@@ -621,7 +621,8 @@ class _Exchange:
             if self._refused is not None:
                 await self._forbid(request, self._refused)
             else:
-                await _json(self.send, _status_of(response), response)
+                status, retry_after = _status_of(response)
+                await _json(self.send, status, response, retry_after)
             return
         async with self._lock:
             self._closed = True
@@ -631,7 +632,8 @@ class _Exchange:
             elif self._refused is not None:
                 await self._forbid(request, self._refused)
             else:
-                await _json(self.send, _status_of(response), response)
+                status, retry_after = _status_of(response)
+                await _json(self.send, status, response, retry_after)
 
     async def _forbid(self, request: Request, error: InsufficientScope) -> None:
         auth = self.transport.auth
