@@ -52,7 +52,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from tritask.jsonrpc import loads
-from tritask.tasks._time import MAX_INSTANT, Clock
+from tritask.tasks._time import MAX_INSTANT, Clock, format_instant
 from tritask.tasks.changes import ChangeFeed, TaskChange
 from tritask.tasks.events import Event, EventKind, effects_from_json, effects_to_json
 from tritask.tasks.model import (
@@ -659,21 +659,29 @@ class PostgresStore:
         check_create_access(access, store_id, task)
         try:
             initial = initial_snapshot(task, work)
+            snapshots = {False: initial}
             documents = {False: _record_json(initial)}
             if queue and (claim is None or concurrency is not None):  # it may be queued
                 queued = revise(initial, task=revise(initial.task, status_message=QUEUED_MESSAGE))
+                snapshots[True] = queued
                 documents[True] = _record_json(queued)
         except (CorruptRecord, TypeError, ValueError) as exc:
             raise InvalidTask(str(exc)) from exc
         # With a claim and a key, whether it is claimed is decided under the key lock.
         decide = queue and claim is not None and concurrency is not None
 
+        records: dict[bool, dict[str, str]] = {}
+
         def record(queued: bool) -> dict[str, str]:
-            document = documents[queued]
-            if stamp:
-                head, middle, tail = _stamp_pieces(document)
-                return {"head": head, "middle": middle, "tail": tail}
-            return {"record": stored_text(document)}
+            """The insert's record parameters (made once per form: queued or not)."""
+            if queued not in records:
+                document = documents[queued]
+                if stamp:
+                    head, middle, tail = _stamp_pieces(document)
+                    records[queued] = {"head": head, "middle": middle, "tail": tail}
+                else:
+                    records[queued] = {"record": stored_text(document)}
+            return records[queued]
 
         token = None if claim is None else str(uuid.uuid4())
         base = self._params(
@@ -759,12 +767,29 @@ class PostgresStore:
                 _Insert(inserting, params(claim is not None), stamp), alone
             )
             stored, created_at, expires_at = inserted
-        # The record as stored (stamped by the statement when ``stamp``), decoded strictly: a
-        # copy the caller owns, with no second encoding of the document here.
-        try:
-            snapshot = snapshot_from_json(loads(stored))
-        except (CorruptRecord, CodecError, ValueError, TypeError) as exc:
-            raise CorruptStore(task.id, f"undecodable record: {exc}") from exc
+        # The record as stored (stamped by the statement when ``stamp``). When its text is
+        # exactly the one this call prepared (the statement formats instants as
+        # ``format_instant`` does), the stored record is the caller's own snapshot, stamped;
+        # anything else is decoded strictly. Either way a copy the caller owns.
+        was_queued = queue and expires_at is None
+        prepared = record(was_queued) if was_queued in documents else None
+        if prepared is None:
+            expected = None
+        elif stamp:
+            instant = f'"{format_instant(created_at)}"'
+            expected = f"{prepared['head']}{instant}{prepared['middle']}{instant}{prepared['tail']}"
+        else:
+            expected = prepared["record"]
+        if stored == expected and 0 <= created_at <= MAX_INSTANT:
+            snapshot = snapshots[was_queued]
+            if stamp:
+                stamped = revise(snapshot.task, created_at=created_at, last_updated_at=created_at)
+                snapshot = revise(snapshot, task=stamped)
+        else:
+            try:
+                snapshot = snapshot_from_json(loads(stored))
+            except (CorruptRecord, CodecError, ValueError, TypeError) as exc:
+                raise CorruptStore(task.id, f"undecodable record: {exc}") from exc
         if snapshot.task.created_at != created_at or snapshot.task.id != task.id:
             raise CorruptStore(task.id, "the inserted record disagrees with its row")
         if claim is None or token is None or expires_at is None:

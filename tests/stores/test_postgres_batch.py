@@ -315,3 +315,29 @@ async def test_settle_replays_and_the_claim_is_released_in_a_batch(
             assert again[name].outcome == "duplicate"
             assert again[name].event_revision == first[name].event_revision
             assert (await store.inspect_task(name)).task.claim is None  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("ttl_ms", [None, 1, 60_000, 86_400_000])
+async def test_a_created_task_is_exactly_what_the_database_stores(
+    pg_schemas: SchemaFactory,  # noqa: F811
+    ttl_ms: int | None,
+) -> None:
+    """The snapshot a creation returns (the caller's own, stamped, when the stored text is the
+    one it prepared) equals the stored record decoded from the database."""
+    schema = await pg_schemas.migrated()
+    async with unlimited(pg_schemas, schema) as store:
+        for stamped in (True, False):
+            task_id = f"exact-{stamped}"
+            access = await store.authorize(None, Action.CREATE, task_id)
+            work = Work(idempotency_key=task_id, type="batch", input={"x": [1, "é", None]})
+            task = new_task(task_id, 0 if stamped else await store.now(), ttl_ms, 250)
+            if stamped:
+                made = await store.create_claimed_stamped(task, work, access, "owner", 60_000)
+            else:
+                made = await store.create_claimed(task, work, access, "owner", 60_000)
+            inspection = await store.inspect_task(task_id)
+            assert inspection.task.snapshot == made.snapshot  # type: ignore[union-attr]
+            if stamped:
+                assert made.snapshot.task.created_at > 0
+            settled = await store.settle(task_id, 0, Event.completed(RESULT), made.lease)
+            assert settled.outcome == "applied"  # type: ignore[union-attr]
