@@ -224,3 +224,32 @@ async def test_unreachable_jwks_endpoint_is_unavailable() -> None:
     verifier = JWTVerifier("https://issuer.example", f"http://127.0.0.1:{free_port()}/jwks")
     with pytest.raises(VerifierUnavailable):
         await verifier.verify("a.b.c".replace("a", "eyJhbGciOiJFUzI1NiJ9"), RESOURCE)
+
+
+async def test_identity_claims_that_are_not_strings_are_refused_not_dropped(
+    auth_server: TestAuthorizationServer,
+) -> None:
+    # A sub that is present but not a non-empty string must not be dropped: the principal
+    # would fall back to client_id, and every user of that client would share one principal
+    # (the same as the client's own client-credentials tokens).
+    verifier = verifier_for(auth_server)
+    for bad_sub in (5, "", ["alice"], {"id": "alice"}, True):
+        description = await refused(verifier, auth_server.mint(aud=RESOURCE, sub=bad_sub))  # type: ignore[arg-type]
+        assert description == "The token's sub is not a non-empty string"
+    for bad_client in (7, "", ["test-client"]):
+        description = await refused(
+            verifier,
+            auth_server.mint(aud=RESOURCE, client_id=bad_client),  # type: ignore[arg-type]
+        )
+        assert description == "The token's client_id is not a non-empty string"
+    azp = auth_server.mint(aud=RESOURCE, client_id=None, extra={"azp": 9})
+    assert await refused(verifier, azp) == "The token's azp is not a non-empty string"
+    # Absent claims are still fine: client-credentials tokens without sub, azp for client_id.
+    no_sub = await verifier.verify(auth_server.mint(aud=RESOURCE, sub=None), RESOURCE)
+    assert no_sub.principal == {
+        "iss": auth_server.issuer,
+        "sub": "test-client",
+        "client_id": "test-client",
+    }
+    by_azp = auth_server.mint(aud=RESOURCE, client_id=None, extra={"azp": "web"})
+    assert (await verifier.verify(by_azp, RESOURCE)).client_id == "web"

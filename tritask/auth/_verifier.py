@@ -181,17 +181,33 @@ def scopes_of(claims: Mapping[str, Any]) -> frozenset[str]:
     return frozenset()
 
 
+def _identity(claims: Mapping[str, Any], name: str) -> str | None:
+    """An identity claim: absent is ``None``; present, it must be a non-empty string.
+
+    A malformed ``sub`` must not be dropped: the principal would fall back to ``client_id``
+    and every user of that client would share one principal (the client's own).
+    """
+    value = claims.get(name)
+    if value is None and name not in claims:
+        return None
+    if not isinstance(value, str) or not value:
+        raise InvalidToken(f"The token's {name} is not a non-empty string")
+    return value
+
+
 def token_from_claims(
     claims: Mapping[str, Any], audience: tuple[str, ...], raw: str
 ) -> AccessToken:
-    client_id = claims.get("client_id", claims.get("azp"))
-    subject = claims.get("sub")
-    issuer = claims.get("iss")
+    subject = _identity(claims, "sub")
+    client_id = _identity(claims, "client_id") if "client_id" in claims else None
+    if client_id is None:
+        client_id = _identity(claims, "azp")
+    issuer = _identity(claims, "iss")
     exp = claims.get("exp")
     return AccessToken(
-        subject=subject if isinstance(subject, str) and subject else None,
-        client_id=client_id if isinstance(client_id, str) and client_id else None,
-        issuer=issuer if isinstance(issuer, str) else None,
+        subject=subject,
+        client_id=client_id,
+        issuer=issuer,
         scopes=scopes_of(claims),
         expires_at=int(exp) if isinstance(exp, int | float) else None,
         audience=audience,
