@@ -253,3 +253,17 @@ async def test_identity_claims_that_are_not_strings_are_refused_not_dropped(
     }
     by_azp = auth_server.mint(aud=RESOURCE, client_id=None, extra={"azp": "web"})
     assert (await verifier.verify(by_azp, RESOURCE)).client_id == "web"
+
+
+async def test_time_claims_must_be_finite_numbers(auth_server: TestAuthorizationServer) -> None:
+    # json.loads reads NaN, Infinity and 1e400 (inf); comparisons with NaN are all false, so
+    # a NaN nbf or exp would pass its check, and an infinite exp would never expire.
+    verifier = verifier_for(auth_server)
+    head = {"alg": "ES256", "kid": auth_server.signing_key.kid}
+    for name in ("exp", "nbf", "iat"):
+        for value in (float("nan"), float("inf"), float("-inf")):
+            claims = auth_server.claims_for(aud=RESOURCE, **{name: value})
+            description = await refused(verifier, auth_server.sign_raw(head, claims))
+            assert description == f"The token's {name} is not a number", (name, value)
+    finite = auth_server.claims_for(aud=RESOURCE, nbf=time.time() - 1.5)
+    assert (await verifier.verify(auth_server.sign_raw(head, finite), RESOURCE)).subject == "alice"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Final, Protocol
 
@@ -165,7 +166,13 @@ def check_times(claims: Mapping[str, Any], now: float, leeway: float, *, require
 
 
 def _number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    """A JSON number that is finite (``json.loads`` reads NaN and Infinity, and 1e400 as inf;
+    every comparison with NaN is false, so a NaN ``nbf`` or ``exp`` would pass its check)."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return True
+    return isinstance(value, float) and math.isfinite(value)
 
 
 def scopes_of(claims: Mapping[str, Any]) -> frozenset[str]:
