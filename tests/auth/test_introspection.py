@@ -96,3 +96,17 @@ async def test_wrong_credentials_or_a_dead_endpoint_are_unavailable(
         await dead.verify(token, RESOURCE)
     assert caught.value.retry_after_s == 5
     assert "nope" not in repr(wrong)
+
+
+async def test_a_cached_answer_is_checked_against_the_resource_asking(
+    auth_server: TestAuthorizationServer,
+) -> None:
+    # One verifier may serve several resources (two BearerAuth, two endpoints): a token
+    # cached while verified for one must not pass for another without its audience check.
+    verifier = verifier_for(auth_server)
+    token = auth_server.issue_opaque(aud=RESOURCE)
+    assert (await verifier.verify(token, RESOURCE)).subject == "alice"
+    with pytest.raises(InvalidToken, match="not meant for this resource"):
+        await verifier.verify(token, "https://other.example/mcp")
+    assert (await verifier.verify(token, RESOURCE)).subject == "alice"
+    assert verifier.requests == 1

@@ -5,7 +5,9 @@ or ``client_secret_post``) and accepts a token only when the answer says ``activ
 ``aud`` includes the resource (mandatory, as for JWTs), its ``exp`` has not passed and, when an
 ``issuer`` is configured, its ``iss`` matches exactly. Positive answers are cached in memory,
 keyed by a SHA-256 digest of the token (never the token itself), until the earlier of
-``cache_ttl_s`` and the token's own ``exp``; at most ``max_cache_entries`` are kept.
+``cache_ttl_s`` and the token's own ``exp``; at most ``max_cache_entries`` are kept. A cached
+answer is checked against the audience of each request again (one verifier may serve several
+resources).
 """
 
 from __future__ import annotations
@@ -117,8 +119,10 @@ class IntrospectionVerifier:
         digest = hashlib.sha256(token.encode("utf-8")).digest()
         cached = self._cached(digest)
         if cached is not None:
-            # The cache holds the token without its raw value; this request carries it.
-            return token_from_claims(dict(cached.claims), cached.audience, token)
+            # The cache holds the token without its raw value; this request carries it. The
+            # audience is checked again: the answer may have been cached for another resource.
+            audience = check_audience(cached.claims, accepted_audiences(resource, self.audience))
+            return token_from_claims(dict(cached.claims), audience, token)
         self.requests += 1
         try:
             answer = json_document(await self._fetch(self._request(token)), "introspection")
