@@ -46,6 +46,7 @@ from tritask.tasks.store import (
     Conflict,
     CorruptStore,
     DatabaseBusy,
+    Deferred,
     EventIdReused,
     Lease,
     RequestAuthority,
@@ -914,3 +915,119 @@ async def test_reap_works_in_bounded_batches(pg_schemas: SchemaFactory) -> None:
                            ["task-0"], []]  # fmt: skip
         get = await store.authorize(A, Action.GET, "keep")
         assert isinstance(await store.get("keep", get), Snapshot)
+
+
+# -- schema 1 rows through migrations 0002 (steps) and 0003 (queue) ----------------------------
+
+
+def _copy_schema_1_rows(dsn: str, source: str, target: str) -> None:
+    """Copy the store id and every task and ledger row of ``source`` into ``target`` (a schema
+    built by 0001 alone), with only the columns schema 1 has: rows as schema 1 wrote them."""
+    with connect(dsn) as conn, conn.transaction():
+        (store_id,) = conn.execute(
+            sql.SQL("SELECT store_id FROM {}.store_metadata").format(sql.Identifier(source))
+        ).fetchone() or (None,)
+        conn.execute(
+            sql.SQL("UPDATE {}.store_metadata SET store_id = %s").format(sql.Identifier(target)),
+            (store_id,),
+        )
+        for table in ("tasks", "task_events"):
+            names = [
+                str(row[0])
+                for row in conn.execute(
+                    "SELECT column_name FROM information_schema.columns"
+                    " WHERE table_schema = %s AND table_name = %s ORDER BY ordinal_position",
+                    (target, table),
+                )
+            ]
+            columns = sql.SQL(", ").join(sql.Identifier(n) for n in names)
+            conn.execute(
+                sql.SQL("INSERT INTO {}.{} ({}) SELECT {} FROM {}.{}").format(
+                    sql.Identifier(target),
+                    sql.Identifier(table),
+                    columns,
+                    columns,
+                    sql.Identifier(source),
+                    sql.Identifier(table),
+                )
+            )
+
+
+async def test_schema_1_rows_survive_the_steps_and_queue_migrations(
+    pg_schemas: SchemaFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows written under schema 1 (a retried task with an answered input, a task waiting for
+    input, a completed task) read back exactly after ``migrate`` applies 0002 and 0003; the
+    tasks then record steps and suspend (the ledger's widened kind check, the v4 record, the
+    claim projection) and the queue columns of the old rows are NULL."""
+    clock = ManualClock()
+    current = await pg_schemas.migrated()
+    async with pg_store(pg_schemas, current, clock=clock) as store:
+        await create(store, "task-1", policy=RetryPolicy([5000]))
+        worker = WorkerAuthority(await claimed(store, "task-1"))
+        await store.transition("task-1", 0, Event.input_requested("a", ASK, id="ask-1"), worker)
+        update = RequestAuthority(await store.authorize(A, Action.UPDATE, "task-1"))
+        answer = Event.input_responses_accepted({"a": {"ok": True}}, id="answer-1")
+        await store.transition("task-1", 1, answer, update)
+        await store.transition("task-1", 2, Event.retry_requested(ERROR, "again"), worker)
+        await create(store, "task-2")
+        worker_2 = WorkerAuthority(await claimed(store, "task-2"))
+        await store.transition("task-2", 0, Event.input_requested("q", ASK), worker_2)
+        await create(store, "task-3")
+        worker_3 = WorkerAuthority(await claimed(store, "task-3"))
+        await store.settle("task-3", 0, Event.completed({"done": 1}), worker_3.lease)
+        ids = ("task-1", "task-2", "task-3")
+        before = {}
+        for task_id in ids:
+            got = await store.get(task_id, await store.authorize(A, Action.GET, task_id))
+            before[task_id] = (got, await store.history(task_id))
+    old = pg_schemas.name()
+    shipped = migrations.load_migrations()
+    assert [m.version for m in shipped] == [1, 2, 3]
+    assert [m.name for m in shipped] == ["initial", "steps", "queue"]
+    with monkeypatch.context() as patched:
+        patched.setattr(migrations, "load_migrations", lambda: shipped[:1])
+        assert (await migrate(pg_schemas.dsn, schema=old)).applied == (1,)
+    await trio.to_thread.run_sync(_copy_schema_1_rows, pg_schemas.dsn, current, old)
+    with pytest.raises(StoreSchemaError, match="this tritask needs 3"):
+        await pg_store(pg_schemas, old, clock=clock).open()
+    assert (await migrate(pg_schemas.dsn, schema=old)).applied == (2, 3)
+    async with pg_store(pg_schemas, old, clock=clock) as store:
+        for task_id in ids:
+            got = await store.get(task_id, await store.authorize(A, Action.GET, task_id))
+            assert (got, await store.history(task_id)) == before[task_id]
+        assert (await store.audit()).findings == ()
+        clock.advance(LEASE_MS + 10)
+        worker = WorkerAuthority(await claimed(store, "task-1"))
+        step = Event.step_recorded("charge", "fp", {"result": {"id": "re_1"}}, id="step-1")
+        recorded = await store.transition("task-1", 3, step, worker)
+        assert isinstance(recorded, Transition) and recorded.outcome == "applied"
+        assert recorded.snapshot.steps == {
+            "charge": {"kind": "step", "fingerprint": "fp", "outcome": {"result": {"id": "re_1"}}}
+        }
+        worker_2 = WorkerAuthority(await claimed(store, "task-2"))
+        suspended = await store.transition("task-2", 1, Event.suspended("q"), worker_2)
+        assert isinstance(suspended, Transition) and suspended.outcome == "applied"
+        await store.release(worker_2.lease)
+        assert isinstance(await store.claim("task-2", "owner-2", LEASE_MS), Deferred)
+        update = RequestAuthority(await store.authorize(A, Action.UPDATE, "task-2"))
+        answered = await store.transition(
+            "task-2", 2, Event.input_responses_accepted({"q": {"yes": True}}), update
+        )
+        assert isinstance(answered, Transition) and answered.snapshot.suspended_key is None
+        resumed = await store.claim("task-2", "owner-2", LEASE_MS)
+        assert isinstance(resumed, Claimed)
+        assert resumed.snapshot.accepted_input_responses == {"q": {"yes": True}}
+        kinds = [e.event.kind.value for e in await store.history("task-2")]
+        assert kinds == ["input_requested", "suspended", "input_responses_accepted"]
+    with connect(pg_schemas.dsn) as conn:
+        rows = conn.execute(
+            sql.SQL(
+                "SELECT task_id, record_format, record::text, queued_message, concurrency_key"
+                " FROM {}.tasks ORDER BY task_id"
+            ).format(sql.Identifier(old))
+        ).fetchall()
+    assert [(r[0], r[1], r[3], r[4]) for r in rows] == [(t, 3, None, None) for t in ids]
+    assert json.loads(rows[0][2])["version"] == 4
+    assert json.loads(rows[0][2])["steps"] == recorded.snapshot.steps
+    assert json.loads(rows[2][2])["version"] == 3  # untouched: still as schema 1 wrote it
