@@ -19,6 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tritask.tasks.events import (
+    MAX_FINGERPRINT_CHARS,
+    MAX_STEP_KEY_CHARS,
     Effects,
     Event,
     EventKind,
@@ -615,6 +617,70 @@ def test_snapshot_round_trip(snapshot: Snapshot) -> None:
 def test_snapshot_mutations_refused(data: st.DataObject) -> None:
     doc = snapshot_to_json(data.draw(snapshots()))
     check_refused(snapshot_from_json, data.draw(mutated(doc, RECORD_NESTED)), CorruptRecord)
+
+
+@st.composite
+def broken_step_record(draw: st.DrawFn, doc: dict[str, Any]) -> dict[str, Any]:
+    """One change to a recorded step of a v4 record that no event could have made: an extra,
+    missing or mistyped key in a record, its outcome or its error, an empty or oversized
+    fingerprint, an oversized key."""
+    doc = copy.deepcopy(doc)
+    steps = doc["steps"]
+    key = draw(st.sampled_from(sorted(steps)))
+    record = steps[key]
+    targets: list[tuple[dict[str, Any], tuple[str, ...]]] = [(record, tuple(record))]
+    outcome = record.get("outcome")
+    if isinstance(outcome, dict):
+        targets.append((outcome, ()))  # its one key's value may be any JSON, not missing
+        if "error" in outcome:
+            targets.append((outcome["error"], ("code", "message")))
+    target, required = draw(st.sampled_from(targets))
+    choices = ["extra", "long_key"]
+    if required:
+        choices += ["missing", "wrong_type"]
+    if record["kind"] == "step":
+        choices += ["empty_fingerprint", "long_fingerprint"]
+    match draw(st.sampled_from(choices)):
+        case "extra":
+            extra = draw(st.text(max_size=6).filter(lambda k: k not in target))
+            target[extra] = draw(json_values)
+        case "missing":
+            del target[draw(st.sampled_from(required))]
+        case "wrong_type":
+            target[draw(st.sampled_from(required))] = draw(st.sampled_from(WRONG_TYPES))
+        case "empty_fingerprint":
+            record["fingerprint"] = ""
+        case "long_fingerprint":
+            record["fingerprint"] = "f" * (MAX_FINGERPRINT_CHARS + 1)
+        case _:
+            steps["k" * (MAX_STEP_KEY_CHARS + 1)] = copy.deepcopy(record)
+    return doc
+
+
+@DESCRIPTOR
+@settings(max_examples=200)
+@given(st.data())
+def test_step_record_mutations_refused(data: st.DataObject) -> None:
+    """The decoder admits exactly the step records the event rules admit (so every recorded
+    outcome replays): anything else in a v4 record is a CorruptRecord."""
+    doc = snapshot_to_json(data.draw(snapshots().filter(lambda s: bool(s.steps))))
+    check_refused(snapshot_from_json, data.draw(broken_step_record(doc)), CorruptRecord)
+
+
+@DESCRIPTOR
+@settings(max_examples=100)
+@given(snapshots().filter(lambda s: bool(s.steps)))
+def test_decoded_step_records_replay(snapshot: Snapshot) -> None:
+    """Every step record a v4 record decodes to is one an event could have recorded."""
+    for key, record in snapshot_from_json(through_text(snapshot_to_json(snapshot))).steps.items():
+        if record["kind"] == "step":
+            outcome = record["outcome"]
+            if outcome is None:
+                Event.step_started(key, record["fingerprint"])
+            else:
+                Event.step_recorded(key, record["fingerprint"], outcome)
+        else:
+            assert set(record) == {"kind", "wakeAt"}
 
 
 @DESCRIPTOR

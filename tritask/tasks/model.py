@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import attrs
 
 from tritask.tasks._time import MAX_INSTANT, format_instant, parse_instant
+from tritask.tasks.events import MAX_FINGERPRINT_CHARS, MAX_STEP_KEY_CHARS, is_step_error
 from tritask.tasks.work import (
     CodecError,
     JSONObject,
@@ -275,7 +276,7 @@ def is_step_record(value: object) -> bool:
     if kind != "step" or set(value) != {"kind", "fingerprint", "outcome"}:
         return False
     fingerprint, outcome = value["fingerprint"], value["outcome"]
-    if not isinstance(fingerprint, str) or not fingerprint:
+    if not isinstance(fingerprint, str) or not 0 < len(fingerprint) <= MAX_FINGERPRINT_CHARS:
         return False
     if outcome is None:
         return True
@@ -283,19 +284,17 @@ def is_step_record(value: object) -> bool:
         return False
     if set(outcome) == {"result"}:
         return True
-    error = outcome.get("error")
-    return (
-        set(outcome) == {"error"}
-        and isinstance(error, dict)
-        and type(error.get("code")) is int
-        and isinstance(error.get("message"), str)
-    )
+    # Exactly what a step_recorded event admits, so every decoded outcome replays.
+    return set(outcome) == {"error"} and is_step_error(outcome["error"])
 
 
 def _steps(value: object) -> dict[str, JSONObject]:
     steps = ensure_json_object(value, what="steps")
     for key, record in steps.items():
-        _require(bool(key), "step keys must be non-empty")
+        _require(
+            0 < len(key) <= MAX_STEP_KEY_CHARS,
+            f"step keys must have 1..{MAX_STEP_KEY_CHARS} characters",
+        )
         _require(is_step_record(record), f"step {key!r} is not a step or sleep record")
     return steps
 
