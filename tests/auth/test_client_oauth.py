@@ -3,6 +3,7 @@ from the server's 401, and a 403 step-up."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -116,3 +117,26 @@ async def test_client_credentials_post_and_a_configured_endpoint() -> None:
                 "client_secret": "test-secret",
             }
         ]
+
+
+class _PlainTokenEndpoint(TestAuthorizationServer):
+    """Metadata naming an http:// token endpoint on a host that is not loopback."""
+
+    def metadata(self) -> dict[str, Any]:
+        return {**super().metadata(), "token_endpoint": "http://auth.invalid/token"}
+
+
+async def test_the_secret_is_never_sent_to_a_plain_http_token_endpoint() -> None:
+    server = _PlainTokenEndpoint()
+    async with running_authorization_server(server), serve_protected(server) as endpoint:
+        credentials = ClientCredentials("test-client", "test-secret")
+        with pytest.raises(OAuthError, match=re.escape("http://auth.invalid/token is not https")):
+            async with connect(endpoint.url, auth=credentials):
+                pass
+        assert credentials.token_requests == 0
+        assert server.token_requests == []
+    with pytest.raises(ValueError, match="is not https"):
+        ClientCredentials("c", "s", token_endpoint="http://auth.example/token")
+    # Loopback over plain HTTP stays allowed (local development, these tests).
+    for url in ("http://127.0.0.1:9/token", "http://localhost/token", "http://[::1]:8/t"):
+        assert ClientCredentials("c", "s", token_endpoint=url).token_endpoint == url

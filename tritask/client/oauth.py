@@ -8,7 +8,8 @@ that follows the MCP authorization flow for machine clients (SEP-1046):
    the well-known URL derived from the endpoint, path-inserted then the root form).
 2. The metadata names the ``resource`` (it must be the endpoint's own URL, RFC 9728 §3.3) and
    the authorization server, whose RFC 8414 metadata (or OpenID configuration) gives the token
-   endpoint; its ``issuer`` must be the server named.
+   endpoint; its ``issuer`` must be the server named, and the endpoint must be https (plain
+   http only to a loopback host): the client secret goes nowhere else.
 3. A token is requested with ``grant_type=client_credentials``, the challenge's ``scope`` (plus
    those asked for before) and ``resource`` (RFC 8707), and the request is sent again with it.
 4. A 403 ``insufficient_scope`` is a step-up: a new token for the union of the scopes held and
@@ -67,6 +68,22 @@ def _canonical(uri: str) -> str:
     )
 
 
+def _check_token_endpoint(url: str) -> str:
+    """``url`` if the client secret may go there: https, or plain http to a loopback host."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme == "https" and parts.hostname:
+        return url
+    if scheme == "http" and parts.hostname is not None:
+        host = parts.hostname.lower()
+        if host == "localhost" or host == "::1" or host.startswith("127."):
+            return url
+    raise OAuthError(
+        f"the token endpoint {url} is not https (plain http only to a loopback host): "
+        "the client secret is not sent there"
+    )
+
+
 def _well_known(url: str, suffix: str) -> list[str]:
     """Path-inserted first, then the root form (RFC 8414 §3.1, RFC 9728 §3.1)."""
     parts = urlsplit(url)
@@ -96,6 +113,11 @@ class ClientCredentials:
         timeout: float = 10.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        if token_endpoint is not None:
+            try:
+                _check_token_endpoint(token_endpoint)
+            except OAuthError as error:
+                raise ValueError(str(error)) from None
         self.client_id = client_id
         self._client_secret = client_secret
         self.scopes = frozenset(scopes)
@@ -202,11 +224,12 @@ class ClientCredentials:
             endpoint = metadata.get("token_endpoint")
             if not isinstance(endpoint, str) or not endpoint:
                 raise OAuthError(f"{issuer} has no token endpoint")
-            self.token_endpoint = endpoint
+            self.token_endpoint = _check_token_endpoint(endpoint)
             self.resource = resource
 
     async def _request_token(self, scopes: frozenset[str]) -> None:
         assert self.token_endpoint is not None
+        _check_token_endpoint(self.token_endpoint)
         form = {"grant_type": "client_credentials"}
         if scopes:
             form["scope"] = " ".join(sorted(scopes))
