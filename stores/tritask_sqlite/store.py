@@ -265,19 +265,34 @@ _LIST = (
     "      AND json_extract(record, '$.work.input.name') = :tool))"
     " ORDER BY created_at_us, task_id LIMIT :limit"
 )
-#: ``renew_all``: every lease of the batch (a JSON array of ``[task_id, token, generation,
-#: expires_at, new_token]``) that is exactly its task's live claim of this owner and epoch gets
-#: the new token and expiry, in one statement; the rows it renewed come back with their
-#: revision. Only the claim columns are read and written (no record is decoded).
+#: ``renew_all``: the batch goes into a connection-local TEMP table (``executemany``, no JSON to
+#: build or parse), then one ``UPDATE ... FROM`` gives every lease that is exactly its task's live
+#: claim of this owner and epoch its new token and expiry; the rows it renewed come back with
+#: their revision. Only the claim columns are read and written (no record is decoded).
+_RENEWALS_TABLE = (
+    "CREATE TEMP TABLE IF NOT EXISTS tritask_renewals (task_id TEXT PRIMARY KEY NOT NULL,"
+    " token TEXT NOT NULL, generation INTEGER NOT NULL, expires_at INTEGER NOT NULL,"
+    " new_token TEXT NOT NULL) WITHOUT ROWID"
+)
+_RENEWALS_INSERT = "INSERT INTO temp.tritask_renewals VALUES (?, ?, ?, ?, ?)"
+_RENEWALS_CLEAR = "DELETE FROM temp.tritask_renewals"
 _RENEW_ALL = (
     "UPDATE tritask_tasks AS t SET claim_token = b.new_token, claim_expires_at_us = :expires_at"
-    " FROM (SELECT json_extract(value, '$[0]') AS task_id, json_extract(value, '$[1]') AS token,"
-    " json_extract(value, '$[2]') AS generation, json_extract(value, '$[3]') AS expires_at,"
-    " json_extract(value, '$[4]') AS new_token FROM json_each(:batch)) AS b"
+    " FROM temp.tritask_renewals AS b"
     " WHERE t.task_id = b.task_id AND t.claim_owner = :owner AND t.claim_token = b.token"
     " AND t.lease_generation = b.generation AND t.claim_expires_at_us = b.expires_at"
     " AND t.claim_epoch = :epoch AND t.claim_expires_at_us > :now"
     " RETURNING task_id, revision"
+)
+#: When ``claim_next`` found nothing: the first instant at which an active task could become
+#: claimable without any write (a retry falling due, a live claim of this epoch lapsing; the
+#: claim query's own predicate, turned into a time). ``:now`` for a row the predicate already
+#: admits (the record refused it), ``NULL`` without active tasks.
+_NEXT_CLAIMABLE = (
+    f"SELECT min(CASE WHEN claim_token IS NOT NULL AND claim_epoch = :epoch"
+    " AND claim_expires_at_us > :now THEN max(claim_expires_at_us, coalesce(retry_at_us, 0))"
+    " WHEN retry_at_us > :now THEN retry_at_us ELSE :now END)"
+    f" FROM tritask_tasks WHERE {_ACTIVE}"
 )
 _CLEAR_CLAIM = (
     "UPDATE tritask_tasks SET claim_owner = NULL, claim_token = NULL,"
@@ -560,6 +575,10 @@ class SqliteStore:
         # the GIL away). They fence this store's own writers; nothing outside sees them.
         self._tokens = random.Random(os.urandom(32))
         self._queue_listeners: list[Callable[[], None]] = []
+        # claim_next's memory of finding nothing (see _no_claim_yet): the store's write count
+        # when it was asked, the file's data_version, and until when nothing can turn up.
+        self._writes = 0
+        self._no_claim: tuple[int, int, int] | None = None
         self._lock_fd: int | None = None
         self._store_uuid = ""
         self._epoch = 0
@@ -745,14 +764,20 @@ class SqliteStore:
         write: bool,
         single: bool = False,
         announce: bool = False,
+        frees_nothing: bool = False,
     ) -> T:
         """``body(conn, now)`` in the lane's group transaction (see :mod:`._lane`): committed
         with the operations queued beside it, in a savepoint of its own unless ``single``
-        (it runs at most one writing statement, which SQLite undoes alone if it fails)."""
+        (it runs at most one writing statement, which SQLite undoes alone if it fails).
+
+        ``frees_nothing``: a write that can make no task claimable (claiming, renewing), so
+        ``claim_next`` may keep its memory of having found nothing."""
         self._ensure_open()
         if write and self._read_only:
             raise ReadOnlyStore(f"{self._path!r} was opened read-only; this operation writes")
         assert self._lane is not None
+        if write and not frees_nothing:
+            self._writes += 1  # in arrival order, as the lane runs them
         try:
             return await self._lane.run(
                 functools.partial(self._operation, body),
@@ -760,8 +785,10 @@ class SqliteStore:
                 atomic=single,
                 committed=self._announce if announce else None,
             )
-        except sqlite3.OperationalError as exc:
-            if _is_busy(exc):
+        except BaseException as exc:
+            # A batch that failed may have shown its operations state it never committed.
+            self._no_claim = None
+            if isinstance(exc, sqlite3.OperationalError) and _is_busy(exc):
                 raise DatabaseBusy(f"the database stayed locked by another writer: {exc}") from exc
             raise
 
@@ -1318,8 +1345,12 @@ class SqliteStore:
         """
         self._ensure_open()
         owner_id, lease_ms = check_owner(owner_id), check_positive_ms(lease_ms, "lease_ms")
+        writes = self._writes
 
         def body(conn: sqlite3.Connection, now: int) -> Claimed | None:
+            version = self._no_claim_yet(conn, writes, now)
+            if version is None:
+                return None
             params: dict[str, object] = {"now": now, "epoch": self._epoch}
             running = dict(conn.execute(_KEY_CLAIMS, params).fetchall())
             # Level 0: tasks without a key, and those of keys with no live claim.
@@ -1351,10 +1382,33 @@ class SqliteStore:
                     if best is None or rank < best:
                         best, row = rank, head
             if row is None:
+                self._remember_no_claim(conn, writes, version, now)
                 return None
             return self._grant(conn, row, owner_id, lease_ms, now)
 
-        return await self._transact(body, write=True)
+        return await self._transact(body, write=True, frees_nothing=True)
+
+    def _no_claim_yet(self, conn: sqlite3.Connection, writes: int, now: int) -> int | None:
+        """``None`` when the last ``claim_next`` found nothing and nothing can have changed
+        since: no write of this store object came before this call, no other connection
+        committed (the file's ``data_version``), and no retry or claim has fallen due. Else
+        the ``data_version`` to remember if this call finds nothing either.
+
+        Why: a recovering runner asks every second, and on a store whose active tasks are all
+        claimed (thousands sleeping in their tools) each ask read every active row.
+        """
+        version = int(conn.execute("PRAGMA data_version").fetchone()[0])
+        memory = self._no_claim
+        if memory is not None and memory[:2] == (writes, version) and now < memory[2]:
+            return None
+        return version
+
+    def _remember_no_claim(
+        self, conn: sqlite3.Connection, writes: int, version: int, now: int
+    ) -> None:
+        params = {"now": now, "epoch": self._epoch}
+        until = conn.execute(_NEXT_CLAIMABLE, params).fetchone()[0]
+        self._no_claim = (writes, version, MAX_INSTANT if until is None else int(until))
 
     def _first_claimable(
         self, conn: sqlite3.Connection, query: str, params: dict[str, object], now: int
@@ -1391,60 +1445,63 @@ class SqliteStore:
     async def renew_all(
         self, owner_id: str, leases: list[Lease] | tuple[Lease, ...], lease_ms: int
     ) -> list[Renewed | LeaseLost]:
-        """Renew every lease of ``owner_id`` that is its task's live claim, in one statement
-        (one ``IMMEDIATE`` transaction, one commit), whatever the batch's size."""
+        """Renew every lease of ``owner_id`` that is its task's live claim, in one ``UPDATE``
+        (in one transaction, one commit), whatever the batch's size."""
         self._ensure_open()
         owner_id, batch, lease_ms = check_renewals(owner_id, leases, lease_ms)
         # Only a lease of this store, epoch and owner can match; each task once (the first
         # lease for it), as a second renew of one task in a row would be stale.
+        store_id, epoch = self._id, self._epoch
         wanted: dict[str, int] = {}
         for index, lease in enumerate(batch):
-            if (
-                lease.store_id == self._id
-                and lease.owner_id == owner_id
-                and lease.epoch == self._epoch
-                and lease.task_id not in wanted
-            ):
-                wanted[lease.task_id] = index
+            if lease.owner_id == owner_id and lease.store_id == store_id and lease.epoch == epoch:
+                wanted.setdefault(lease.task_id, index)
         results: list[Renewed | LeaseLost] = [LEASE_LOST] * len(batch)
         if not wanted:
             await trio.lowlevel.checkpoint()
             return results
         # Fresh tokens (36 characters, as the claim columns require), one urandom call.
         random = os.urandom(18 * len(wanted)).hex()
-        tokens = {task_id: random[36 * n : 36 * n + 36] for n, task_id in enumerate(wanted)}
-        rows = [
-            [lease.task_id, lease.token, lease.generation, lease.expires_at, tokens[task_id]]
-            for task_id, lease in ((task_id, batch[i]) for task_id, i in wanted.items())
-        ]
-        text = json.dumps(rows, ensure_ascii=True, separators=(",", ":"))
+        tokens = dict(
+            zip(wanted, (random[n : n + 36] for n in range(0, len(random), 36)), strict=True)
+        )
 
         def body(conn: sqlite3.Connection, now: int) -> tuple[int, list[tuple[Any, ...]]]:
             expires_at = now + lease_ms * 1000
-            params = {
-                "batch": text,
-                "owner": owner_id,
-                "epoch": self._epoch,
-                "now": now,
-                "expires_at": expires_at,
-            }
-            return expires_at, conn.execute(_RENEW_ALL, params).fetchall()
+            params = {"owner": owner_id, "epoch": epoch, "now": now, "expires_at": expires_at}
+            conn.execute(_RENEWALS_TABLE)
+            conn.execute(_RENEWALS_CLEAR)
+            conn.executemany(
+                _RENEWALS_INSERT,
+                (
+                    (task_id, lease.token, lease.generation, lease.expires_at, tokens[task_id])
+                    for task_id, lease in ((task_id, batch[i]) for task_id, i in wanted.items())
+                ),
+            )
+            try:
+                return expires_at, conn.execute(_RENEW_ALL, params).fetchall()
+            finally:
+                conn.execute(_RENEWALS_CLEAR)
 
-        expires_at, renewed = await self._transact(body, write=True)
+        expires_at, renewed = await self._transact(body, write=True, frees_nothing=True)
+        recent = self._recent
         for task_id, revision in renewed:
             index = wanted[task_id]
             old = batch[index]
-            self._recent.pop(task_id, None)  # a settle would not match it any more
-            lease = Lease(
-                store_id=old.store_id,
-                task_id=old.task_id,
-                owner_id=old.owner_id,
-                token=tokens[task_id],
-                generation=old.generation,
-                expires_at=expires_at,
-                epoch=old.epoch,
+            if recent:
+                recent.pop(task_id, None)  # a settle would not match it any more
+            results[index] = Renewed(
+                Lease(
+                    store_id=store_id,
+                    task_id=task_id,
+                    owner_id=owner_id,
+                    token=tokens[task_id],
+                    generation=old.generation,
+                    expires_at=expires_at,
+                    epoch=epoch,
+                ),
+                revision,
             )
-            results[index] = Renewed(lease, revision)
         return results
 
     async def release(self, lease: Lease) -> None:

@@ -1,4 +1,4 @@
-"""``python -m stress bench {core,tasks,scale,queue,soak,suspended}``: benchmarks with their
+"""``python -m stress bench {core,tasks,scale,queue,idle,soak,suspended}``: benchmarks with their
 baselines."""
 
 from __future__ import annotations
@@ -112,6 +112,29 @@ def register_bench(commands: Any, common: Callable[[argparse.ArgumentParser], No
     queue.add_argument("--max-jobs", type=_positive, default=32)
     queue.add_argument("--sqlite-synchronous", default="FULL", choices=["FULL", "NORMAL"])
     queue.set_defaults(handler=_handle_queue)
+
+    idle = kinds.add_parser(
+        "idle", help="tasks sleeping inside their tools: the server's idle CPU and commits"
+    )
+    common(idle)
+    idle.add_argument(
+        "--store", default="sqlite:auto", help="sqlite:auto (a fresh file), sqlite:PATH, ..."
+    )
+    idle.add_argument("--tasks", type=_positive, default=20_000)
+    idle.add_argument("--clients", type=_positive, default=16)
+    idle.add_argument("--seconds", type=_positive_float, default=60.0, help="measured window")
+    idle.add_argument(
+        "--settle-seconds", type=float, default=5.0, help="after every task runs, before the window"
+    )
+    idle.add_argument("--lease-ms", type=_positive, default=30_000)
+    idle.add_argument("--sqlite-synchronous", default="FULL", choices=["FULL", "NORMAL"])
+    idle.add_argument(
+        "--baseline-tasks",
+        type=int,
+        default=2_000,
+        help="tasks of the per-attempt-renewal baseline (0: none)",
+    )
+    idle.set_defaults(handler=_handle_idle)
 
     soak = kinds.add_parser("soak", help="100k tasks on the memory store: RSS at 10k vs 100k")
     common(soak)
@@ -245,3 +268,10 @@ def _handle_soak(args: argparse.Namespace) -> int:
         reap_interval_ms=args.reap_interval_ms,
     )
     return _run(args, lambda: bench_soak(params))
+
+
+def _handle_idle(args: argparse.Namespace) -> int:
+    from stress.bench.idle import bench_idle, main_params
+
+    params = main_params(args)
+    return _run(args, lambda: bench_idle(params))

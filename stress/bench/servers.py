@@ -9,6 +9,8 @@
 * ``tasks``: a tritask app whose ``noop`` tool is task-required, a no-op executor, the store
   named by ``--store`` wrapped in a write counter, and a ``bench_stats`` tool the benchmark
   polls (completed jobs and store writes of this process);
+* ``idle``: a task-required ``nap`` tool that sleeps inside the tool (see
+  :mod:`stress.bench.idle`);
 * ``soak``: not a server: runs the soak workload in-process and prints one JSON line.
 """
 
@@ -398,13 +400,20 @@ async def soak(args: argparse.Namespace) -> None:
     sys.stdout.write(json.dumps(figures) + "\n")
 
 
+async def _idle_server(args: argparse.Namespace) -> None:
+    from stress.bench.idle import idle_server
+
+    await idle_server(args)
+
+
 # -- entry point --------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stress.bench.servers")
     parser.add_argument(
-        "kind", choices=["core-tritask", "core-mcp", "core-ceiling", "tasks", "queue", "soak"]
+        "kind",
+        choices=["core-tritask", "core-mcp", "core-ceiling", "tasks", "queue", "idle", "soak"],
     )
     parser.add_argument("--unlimited", action="store_true", help="no store limits")
     parser.add_argument("--cpu", type=int, default=None, help="pin this process to one CPU")
@@ -418,6 +427,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ttl-ms", type=int, default=1_000)
     parser.add_argument("--pace-ms", type=int, default=100)
     parser.add_argument("--reap-interval-ms", type=int, default=200)
+    parser.add_argument("--lease-ms", type=int, default=30_000, help="idle: the runner's lease")
+    parser.add_argument(
+        "--per-attempt-renewal",
+        action="store_true",
+        help="idle: each attempt renews its own lease (the store's renew_all unused)",
+    )
     parser.add_argument("--log-level", default="WARNING")
     parser.add_argument("--profile", default=None, help="write cProfile statistics to this file")
     args = parser.parse_args(argv)
@@ -430,6 +445,7 @@ def main(argv: list[str] | None = None) -> int:
         "core-ceiling": core_ceiling,
         "tasks": tasks_server,
         "queue": queue_server,
+        "idle": _idle_server,
     }
     if args.kind == "soak":
         trio.run(soak, args, clock=trio.testing.MockClock(autojump_threshold=0))

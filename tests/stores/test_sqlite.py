@@ -43,6 +43,7 @@ from tritask.tasks.store import (
     CorruptStore,
     DatabaseBusy,
     Lease,
+    Renewed,
     RequestAuthority,
     Scope,
     StaleLease,
@@ -453,6 +454,74 @@ async def test_competing_claimers_on_one_file(tmp_path: Path) -> None:
             nursery.start_soon(drain, left, "left")
             nursery.start_soon(drain, right, "right")
         assert sorted(taken["left"] + taken["right"]) == more
+
+
+def _task_scans(store: SqliteStore) -> list[str]:
+    """Every statement the store's connection runs that reads the tasks table from now on."""
+    seen: list[str] = []
+    conn = store._conn
+    assert conn is not None
+    conn.set_trace_callback(
+        lambda text: seen.append(text) if "FROM tritask_tasks" in text else None
+    )
+    return seen
+
+
+async def test_claim_next_remembers_finding_nothing_until_something_can_change(
+    tmp_path: Path,
+) -> None:
+    """A recovering runner asks every second; with every active task claimed, the store
+    answers from memory until a claim can lapse, a write of its own or another connection's
+    commit could have freed a task."""
+    path = tmp_path / "tasks.db"
+    clock = ManualClock()
+    async with sqlite_store(path, clock) as store, sqlite_store(path, clock) as other:
+        await create(store, "task-1")
+        await create(store, "task-2")
+        first = await claimed(store, "task-1", ms=10_000)
+        await claimed(store, "task-2", ms=20_000)
+        scans = _task_scans(store)
+        assert await store.claim_next("recoverer", LEASE_MS) is None
+        assert len(scans) == 2  # the claim query and the instant the first claim lapses
+        for _ in range(3):
+            assert await store.claim_next("recoverer", LEASE_MS) is None
+        assert len(scans) == 2
+        # Renewing and claiming free nothing: still answered from memory.
+        renewed = await store.renew_all("owner-1", [first], 10_000)
+        assert isinstance(renewed[0], Renewed)
+        assert await store.claim_next("recoverer", LEASE_MS) is None
+        assert len(scans) == 2
+        # The first claim ended at +10 s (its renewal moved it to +10 s as well: no time
+        # passed); at that instant the store looks again.
+        clock.advance(10_000)
+        adopted = await store.claim_next("recoverer", LEASE_MS)
+        assert adopted is not None and adopted.lease.task_id == "task-1"
+        assert await store.claim_next("recoverer", LEASE_MS) is None
+        # A write of this store object that frees a task: found at once.
+        await store.release(adopted.lease)
+        again = await store.claim_next("recoverer", LEASE_MS)
+        assert again is not None and again.lease.task_id == "task-1"
+        assert await store.claim_next("recoverer", LEASE_MS) is None
+        # Another connection's commit: found at once too.
+        await create(other, "task-3")
+        third = await store.claim_next("recoverer", LEASE_MS)
+        assert third is not None and third.lease.task_id == "task-3"
+
+
+async def test_claim_next_memory_covers_a_retry_falling_due(tmp_path: Path) -> None:
+    clock = ManualClock()
+    async with sqlite_store(tmp_path / "tasks.db", clock) as store:
+        await create(store, "task-1", policy=RetryPolicy([5000]))
+        lease = await claimed(store, "task-1")
+        await store.settle("task-1", 0, Event.retry_requested(ERROR, "again"), lease)
+        retry_at = (await get(store, "task-1")).retry_at
+        assert retry_at is not None
+        assert await store.claim_next("recoverer", LEASE_MS) is None
+        clock.advance((retry_at - await store.now()) // 1000 - 1)
+        assert await store.claim_next("recoverer", LEASE_MS) is None
+        clock.advance(1)
+        due = await store.claim_next("recoverer", LEASE_MS)
+        assert due is not None and (due.lease.task_id, due.lease.generation) == ("task-1", 2)
 
 
 async def test_concurrent_first_open_installs_once(tmp_path: Path) -> None:

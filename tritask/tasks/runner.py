@@ -152,6 +152,34 @@ class _Waiter:
 
 
 @attrs.define(eq=False)
+class _LeaseGuard:
+    """An attempt's lease lock: whoever uses or replaces ``job.lease`` holds it.
+
+    A batch renewal does not take the locks of the hundreds or thousands of attempts it renews:
+    it marks each free one with its ``batch`` event (one event for the whole batch) and an
+    attempt that then takes its lock waits for that event before it reads ``job.lease``, which
+    the batch replaces."""
+
+    lock: trio.Lock = attrs.field(factory=trio.Lock)
+    batch: trio.Event | None = None
+
+    def locked(self) -> bool:
+        return self.lock.locked()
+
+    async def __aenter__(self) -> None:
+        await self.lock.acquire()
+        try:
+            while self.batch is not None:
+                await self.batch.wait()
+        except BaseException:
+            self.lock.release()
+            raise
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.lock.release()
+
+
+@attrs.define(eq=False)
 class _Job:
     task_id: str
     lease: Lease
@@ -162,7 +190,7 @@ class _Job:
     started_at: float
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     done: trio.Event = attrs.field(factory=trio.Event)
-    lease_lock: trio.Lock = attrs.field(factory=trio.Lock)
+    lease_lock: _LeaseGuard = attrs.field(factory=lambda: _LeaseGuard())
     waiters: dict[str, _Waiter] = attrs.field(factory=dict)
     stop_reason: str | None = None
     settling: bool = False
@@ -1309,67 +1337,69 @@ class Runner:
         not write makes the attempt re-read its task (answers or a cancellation committed
         elsewhere), which replaces the re-read every single heartbeat does.
         """
-        due = self._heartbeat_due
         while True:
+            due = self._heartbeat_due
             earliest = next(iter(due.values())) if due else math.inf
             with trio.move_on_at(earliest):
                 await self._renewal_added.wait()
             self._renewal_added = trio.Event()
             now = trio.current_time()
+            due = self._heartbeat_due
             if not due or next(iter(due.values())) > now:
                 continue
-            # Every attempt's next heartbeat is one interval from now; re-inserted before the
-            # call, so attempts started meanwhile stay behind them (insertion order is due
-            # order).
+            # Every attempt's next heartbeat is one interval from now, set before the call, so
+            # attempts started meanwhile come after them (insertion order is due order).
+            jobs = list(due)
+            self._heartbeat_due = dict.fromkeys(jobs, now + self.heartbeat_ms / 1000)
+            marked = trio.Event()
             batch: list[_Job] = []
-            next_due = now + self.heartbeat_ms / 1000
-            for job in list(due):
-                del due[job]
-                due[job] = next_due
-                if job.released or job.scope.cancel_called:
+            for job in jobs:
+                if job.released or job.stop_reason is not None:
                     continue  # settled or stopping: nothing to renew
-                if job.lease_lock.locked():
+                guard = job.lease_lock
+                if guard.lock.locked():
                     self._spawn_helper(job, self._renew_alone)
                     continue
-                job.lease_lock.acquire_nowait()
+                guard.batch = marked
                 batch.append(job)
             if batch:
-                await self._renew_batch(store, batch)
+                try:
+                    await self._renew_batch(store, batch)
+                finally:
+                    for job in batch:
+                        job.lease_lock.batch = None
+                    marked.set()
 
     async def _renew_batch(self, store: RenewsLeases, batch: list[_Job]) -> None:
-        """``renew_all`` for ``batch``, whose lease locks are held (and released here)."""
+        """``renew_all`` for ``batch``, whose attempts wait for it before using their lease."""
         try:
-            try:
-                results = await store.renew_all(
-                    self.owner_id, [job.lease for job in batch], self.lease_ms
+            results = await store.renew_all(
+                self.owner_id, [job.lease for job in batch], self.lease_ms
+            )
+            if len(results) != len(batch):
+                raise RuntimeError("renew_all answered for another number of leases")
+        except Exception:
+            # A transient store failure is not a lost lease: the store decides that, and
+            # the next heartbeat gets LEASE_LOST once a claim has really lapsed.
+            log.exception("renewing %d leases failed; retrying next heartbeat", len(batch))
+            return
+        sink = self.instrumentation
+        for job, result in zip(batch, results, strict=True):
+            if result is LEASE_LOST:
+                self._emit(
+                    ins.LEASE_LOST, {"generation": job.lease.generation}, {"task_id": job.task_id}
                 )
-                if len(results) != len(batch):
-                    raise RuntimeError("renew_all answered for another number of leases")
-            except Exception:
-                # A transient store failure is not a lost lease: the store decides that, and
-                # the next heartbeat gets LEASE_LOST once a claim has really lapsed.
-                log.exception("renewing %d leases failed; retrying next heartbeat", len(batch))
-                return
-            for job, result in zip(batch, results, strict=True):
-                if result is LEASE_LOST:
-                    self._emit(
-                        ins.LEASE_LOST,
-                        {"generation": job.lease.generation},
-                        {"task_id": job.task_id},
-                    )
-                    self._request_stop(job, "stale_lease")
-                    continue
-                job.lease = result.lease
+                self._request_stop(job, "stale_lease")
+                continue
+            job.lease = result.lease
+            if sink is not None:
                 self._emit(
                     ins.LEASE_RENEWED,
                     {"generation": job.lease.generation},
                     {"task_id": job.task_id},
                 )
-                if result.revision > job.revision:
-                    self._spawn_helper(job, self._refresh)
-        finally:
-            for job in batch:
-                job.lease_lock.release()
+            if result.revision > job.revision:
+                self._spawn_helper(job, self._refresh)
 
     async def _renew_alone(self, job: _Job) -> None:
         """One heartbeat of one attempt, on a batch-renewing store (its lock was busy)."""
