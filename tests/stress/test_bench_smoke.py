@@ -195,3 +195,45 @@ def test_bench_queue_smoke() -> None:
     assert figures["drainPerSecond"] > 0 and figures["submitPerSecond"] > 0
     assert result["baseline"]["queued"] == 100 and result["baseline"]["rssKiB"] > 0
     assert result["ratio"] == round(figures["rssKiB"] / result["baseline"]["rssKiB"], 3)
+
+
+@pytest.mark.skipif(not HAS_SQLITE, reason="the SQLite store is not installed")
+def test_bench_idle_sqlite_smoke() -> None:
+    """Tasks sleeping in their tools: every one runs through the window, the batch renews them
+    all in one store call per heartbeat, the baseline renews each lease alone."""
+    result = bench(
+        "idle",
+        "--store",
+        "sqlite:auto",
+        "--tasks",
+        "24",
+        "--clients",
+        "3",
+        "--seconds",
+        "2",
+        "--settle-seconds",
+        "0.2",
+        "--lease-ms",
+        "1500",
+        "--baseline-tasks",
+        "6",
+    )
+    assert result["name"] == "idle"
+    assert result["ok"] is True
+    tritask, baseline = result["tritask"], result["baseline"]
+    assert (tritask["created"], tritask["runningAtStart"], tritask["runningAtEnd"]) == (24, 24, 24)
+    assert tritask["sampleStatuses"] == ["working"]
+    assert tritask["heartbeatSeconds"] == 0.5
+    heartbeats = tritask["storeCalls"]["renew_all"]
+    assert 3 <= heartbeats <= 5  # one call per heartbeat in a 2 s window
+    assert tritask["leasesRenewed"] == 24 * heartbeats
+    assert set(tritask["storeCalls"]) == {"renew_all"}
+    assert tritask["storeCommits"] == heartbeats
+    assert result["params"]["commitLimitPerSecond"] == 3.0
+    assert baseline["renewal"] == "per attempt"
+    assert set(baseline["storeCalls"]) == {"renew"}
+    assert baseline["storeCalls"]["renew"] >= 6 * 3
+    assert {"serverCpuFractionOfCore", "writeSyscallsPerSecond", "gcSecondsInWindow"} <= set(
+        tritask
+    )
+    assert isinstance(result["target_met"], bool)
