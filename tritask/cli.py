@@ -280,6 +280,11 @@ async def _serve(app: App, args: argparse.Namespace) -> None:
     elif args.allow_host:
         allowed_hosts = (*LOOPBACK_HOSTS, *args.allow_host)
     auth = _oauth(args)
+    if args.ws and app.auth is not None:
+        raise SystemExit(
+            "tritask: --ws cannot serve an app with App(auth=...) (WebSocket has no bearer-token "
+            "support: it would be unprotected); serve --http only"
+        )
     if auth is not None and allowed_hosts is not None:
         resource_host = urlsplit(auth.resource).hostname
         if resource_host and resource_host not in allowed_hosts:

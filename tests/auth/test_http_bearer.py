@@ -420,3 +420,26 @@ async def test_app_auth_is_used_and_exclusive_with_authenticate(
             assert refused.status_code == 401
             assert refused.headers["www-authenticate"].startswith('Bearer resource_metadata="')
         nursery.cancel_scope.cancel()
+
+
+async def test_an_app_with_auth_is_never_served_unprotected_over_websocket(
+    auth_server: TestAuthorizationServer,
+) -> None:
+    # WebSocket has no bearer tokens: serving App(auth=...) there would run every tool, those
+    # with required_scopes included, for anyone who connects (ctx.auth is None: no checks).
+    import trio
+
+    from auth.oauth_app import build_app
+    from tritask.transports.websocket import serve_websocket
+
+    auth = BearerAuth(
+        resource="https://mcp.example.com/mcp",
+        authorization_servers=[auth_server.issuer],
+        verifier=JWTVerifier(auth_server.issuer, f"{auth_server.issuer}/jwks"),
+    )
+    app = build_app(Probe(), auth=auth)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            with pytest.raises(ValueError, match="WebSocket cannot serve an app with auth="):
+                await nursery.start(serve_websocket, app, "127.0.0.1", 0)
+            nursery.cancel_scope.cancel()

@@ -149,3 +149,31 @@ def test_incomplete_oauth_flags_are_one_line(flags: list[str], message: str) -> 
     )
     assert completed.returncode == 1
     assert completed.stderr.strip().splitlines()[-1] == message
+
+
+def test_an_app_with_auth_is_not_served_over_websocket(tmp_path: Path) -> None:
+    source = tmp_path / "protected_app.py"
+    source.write_text(
+        "from tritask import App\n"
+        "from tritask.auth import BearerAuth, JWTVerifier\n"
+        "auth = BearerAuth(resource='https://mcp.example/mcp',\n"
+        "    authorization_servers=['https://as.example'],\n"
+        "    verifier=JWTVerifier('https://as.example', 'https://as.example/jwks'))\n"
+        "app = App('protected', '1.0.0', auth=auth)\n"
+    )
+    completed = subprocess.run(
+        [
+            *(sys.executable, "-m", "tritask", "serve", f"{source}:app"),
+            *("--store", "memory:", "--ws", "127.0.0.1:0"),
+        ],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+        check=False,
+    )
+    assert completed.returncode == 1
+    assert completed.stderr.strip().splitlines()[-1] == (
+        "tritask: --ws cannot serve an app with App(auth=...) (WebSocket has no bearer-token "
+        "support: it would be unprotected); serve --http only"
+    )

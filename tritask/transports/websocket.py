@@ -100,7 +100,16 @@ async def serve_websocket(
     allowed_origins: tuple[str, ...] | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``app`` on ``ws://host:port/`` until cancelled; reports that URL when listening."""
+    """Serve ``app`` on ``ws://host:port/`` until cancelled; reports that URL when listening.
+
+    An app with ``App(auth=...)`` is refused (``ValueError``): WebSocket carries no bearer
+    tokens, so it would be served to anyone, tools with ``required_scopes`` included.
+    """
+    if getattr(app, "auth", None) is not None:
+        raise ValueError(
+            "WebSocket cannot serve an app with auth= (no bearer tokens on WebSocket: it "
+            "would be unprotected); serve it over HTTP"
+        )
 
     async def handler(request: trio_websocket.WebSocketRequest) -> None:
         if not origin_allowed(_header(request, b"origin"), allowed_origins):
