@@ -14,6 +14,7 @@ import trio.testing
 from helpers import (
     ANONYMOUS,
     START_US,
+    HookedStore,
     ScriptedExecutor,
     create_raw,
     raw_snapshot,
@@ -38,7 +39,7 @@ from tritask.tasks.steps import (
     StepMisuse,
     step_fingerprint,
 )
-from tritask.tasks.store import Action
+from tritask.tasks.store import Action, Store
 from tritask.tasks.work import RetryPolicy, Work
 
 DONE = {"content": [], "isError": False}
@@ -49,7 +50,7 @@ def done(value: Any) -> Completed:
     return Completed({"content": [], "isError": False, "structuredContent": {"value": value}})
 
 
-def make_runner(store: MemoryStore, script: Any, **options: Any) -> tuple[Runner, Any]:
+def make_runner(store: Store, script: Any, **options: Any) -> tuple[Runner, Any]:
     events = RecordingInstrumentation()
     executor = ScriptedExecutor(script)
     runner = Runner(
@@ -730,6 +731,52 @@ async def test_an_answer_through_another_runner_resumes_a_task_suspended_for_inp
     assert snapshot.task.result["structuredContent"] == {"value": [41, {"action": "accept"}, False]}
     assert [md["outcome"] for _, md in first_events.named(ins.JOB_STOP)] == ["suspended"]
     assert [md["outcome"] for _, md in second_events.named(ins.JOB_STOP)] == ["completed"]
+
+
+@pytest.mark.parametrize("answered_by", ["the suspending runner", "another runner"])
+async def test_an_answer_while_the_task_is_suspending_still_resumes_it(
+    autojump_clock: trio.testing.MockClock, answered_by: str
+) -> None:
+    """The answer arrives after the suspension is committed but before the suspending
+    attempt has released its claim (neither runner recovers): the task resumes at once."""
+    store = MemoryStore(scope="shared", clock=TrioClock(START_US))
+    releasing = trio.Event()
+    release_may_go = trio.Event()
+
+    async def hook(op: str, args: tuple[Any, ...]) -> None:
+        if op == "release" and not release_may_go.is_set():
+            releasing.set()
+            await release_may_go.wait()
+        await trio.lowlevel.checkpoint()
+
+    async def script(work: Work, token: ExecutionToken) -> Any:
+        answer = await token.await_input("confirm", {"method": "elicitation/create"})
+        return done(answer)
+
+    first, first_events = make_runner(
+        HookedStore(store, hook), script, suspend_input_after_ms=1_000
+    )
+    second, _ = make_runner(store, script)
+    answerer = first if answered_by == "the suspending runner" else second
+    async with first, second:
+        await create_raw(store, first, "t1")
+        await releasing.wait()  # suspended in the store, its claim not yet released
+        snapshot = await raw_snapshot(store, "t1")
+        assert isinstance(snapshot, Snapshot) and snapshot.suspended_key == "confirm"
+        access = await store.authorize(ANONYMOUS, Action.UPDATE, "t1")
+        answered = await answerer.update("t1", {"confirm": {"action": "accept"}}, access)
+        assert isinstance(answered, Snapshot) and answered.suspended_key is None
+        await trio.sleep(1)
+        release_may_go.set()
+        snapshot = await final(store, "t1")
+    assert snapshot.task.status is TaskStatus.COMPLETED
+    assert snapshot.task.result is not None
+    assert snapshot.task.result["structuredContent"] == {"value": {"action": "accept"}}
+    # The suspending runner claims it again after its release (the other's claim found it held).
+    assert [md["outcome"] for _, md in first_events.named(ins.JOB_STOP)] == [
+        "suspended",
+        "completed",
+    ]
 
 
 async def test_max_runtime_counts_running_time_only(

@@ -1270,8 +1270,14 @@ class Runner:
         if job.terminal:
             self._contexts.pop(job.task_id, None)
         job.done.set()
-        if job.stop_reason == "suspended" and job.wake_delay_ms is not None:
-            self._wake_later(job.task_id, job.wake_delay_ms)
+        if job.stop_reason == "suspended":
+            if job.wake_delay_ms is not None:
+                self._wake_later(job.task_id, job.wake_delay_ms)
+            elif released == "ok":
+                # An answer that came while this claim was still held (after the suspension
+                # was committed) found the task unavailable, here or on another host: claim
+                # it once more now (the store defers it if it is still waiting).
+                self._schedule_retry(job.task_id, 0)
         if retry and released != "pending":
             # After a stale release the store decides when the retry is due (delay 0 rechecks).
             assert job.retry_delay_ms is not None
