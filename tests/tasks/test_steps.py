@@ -405,6 +405,40 @@ async def test_an_oversized_or_non_json_outcome_fails_fast_without_a_retry(
         assert kinds(store, snapshot.task.id) == ["failed"]
 
 
+async def test_an_oversized_step_failed_fails_fast_without_a_retry(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A StepFailed whose recorded error would pass the outcome limit is refused like an
+    oversized result: StepTooLarge names the key, nothing is recorded, no retry is used."""
+    store = MemoryStore(scope="shared", clock=TrioClock(START_US))
+    runs: list[str] = []
+
+    async def declined() -> None:
+        runs.append("declined")
+        raise StepFailed("card declined", data="x" * MAX_STEP_OUTCOME_BYTES)
+
+    async def script(work: Work, token: ExecutionToken) -> Any:
+        await token.step("charge", declined)
+        return done("never")
+
+    runner, _ = make_runner(store, script)
+    async with runner:
+        await create_raw(store, runner, "t1", work=retry_work("t1", [100, 100]))
+        snapshot = await final(store, "t1")
+    assert runs == ["declined"]
+    size = MAX_STEP_OUTCOME_BYTES + len(
+        '{"error":{"code":-32603,"message":"card declined","data":""}}'
+    )
+    assert snapshot.task.error == {
+        "code": -32603,
+        "message": f"step 'charge': its error is {size} bytes of JSON; a step outcome is "
+        f"limited to {MAX_STEP_OUTCOME_BYTES} (store large data elsewhere, record its key)",
+    }
+    assert snapshot.retry_count == 0
+    assert snapshot.steps == {}
+    assert kinds(store, "t1") == ["failed"]
+
+
 def attrs_evolve_input(work: Work, name: str) -> Work:
     return Work(
         idempotency_key=name,

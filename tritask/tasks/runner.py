@@ -1659,12 +1659,14 @@ class Runner:
         """Run the body (again after each delay of its in-attempt retry list while it raises
         anything but :class:`StepFailed` or a step error) and check its outcome."""
         tries = 0
+        outcome: JSONObject
         while True:
             marker = _STEP_BODY.set(key)
             try:
                 value = await _call_body(fn, args, kwargs, timeout_s, thread)
             except StepFailed as failed:
-                return {"error": failed.error}
+                outcome = {"error": failed.error}
+                what = "error"
             except StepError:
                 raise
             except Exception:
@@ -1675,17 +1677,21 @@ class Runner:
                 log.info("step %r of task %s failed; retrying in %d ms", key, job.task_id, delay)
                 await trio.sleep(delay / 1000)
                 continue
+            else:
+                try:
+                    outcome = {"result": ensure_json(value, what=f"the result of step {key!r}")}
+                except InvalidJSON as exc:
+                    raise StepTooLarge(key, f"its result is not JSON ({exc})") from None
+                what = "result"
             finally:
                 _STEP_BODY.reset(marker)
-            try:
-                outcome = {"result": ensure_json(value, what=f"the result of step {key!r}")}
-            except InvalidJSON as exc:
-                raise StepTooLarge(key, f"its result is not JSON ({exc})") from None
+            # The limit of a step_recorded event, checked before the commit for a result and a
+            # StepFailed's error alike: an oversized outcome fails the task without a retry.
             size = json_size(outcome)
             if size > MAX_STEP_OUTCOME_BYTES:
                 raise StepTooLarge(
                     key,
-                    f"its result is {size} bytes of JSON; a step outcome is limited to "
+                    f"its {what} is {size} bytes of JSON; a step outcome is limited to "
                     f"{MAX_STEP_OUTCOME_BYTES} (store large data elsewhere, record its key)",
                 )
             return outcome
