@@ -201,6 +201,44 @@ async def test_duplicate_keys_in_one_attempt_fail_the_task(
     assert sorted(snapshot.steps) == ["p", "q", "same"]
 
 
+async def test_an_input_key_is_refused_as_a_step_or_sleep_key_before_any_body_runs(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A key already used by an input (answered in this attempt, or in an earlier one) is
+    refused by ctx.step and ctx.sleep at once: the step's body never runs."""
+    store = MemoryStore(scope="shared", clock=TrioClock(START_US))
+    runs: list[str] = []
+
+    async def charge() -> int:
+        runs.append("charge")
+        return 1
+
+    async def script(work: Work, token: ExecutionToken) -> Any:
+        await token.await_input("a", {"method": "elicitation/create"})
+        if token.generation == 1:
+            with pytest.raises(DuplicateStepKey):
+                await token.step("a", charge)
+            with pytest.raises(DuplicateStepKey):
+                await token.sleep("a", 1)
+            return Retry(ERROR, "again")
+        return await token.step("a", charge)  # replayed input first, then the step: refused
+
+    runner, _ = make_runner(store, script)
+    async with runner:
+        await create_raw(store, runner, "t1", work=retry_work("t1", [100]))
+        await trio.sleep(1)
+        access = await store.authorize(ANONYMOUS, Action.UPDATE, "t1")
+        await runner.update("t1", {"a": {"action": "accept"}}, access)
+        snapshot = await final(store, "t1")
+    assert runs == []
+    assert snapshot.task.error == {
+        "code": -32603,
+        "message": "step key 'a' is used twice in one attempt of this task",
+    }
+    assert snapshot.steps == {}
+    assert snapshot.retry_count == 1
+
+
 async def test_a_changed_fingerprint_fails_the_task_naming_the_key(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -207,7 +207,9 @@ class _Job:
     steps: dict[str, JSONObject] = attrs.field(factory=dict)
     """The task's recorded steps as this attempt knows them (only its lease may add any)."""
     step_keys: set[str] = attrs.field(factory=set)
-    """The step, sleep and input keys this attempt used (a second use raises)."""
+    """The step and sleep keys this attempt used (a second use raises)."""
+    input_keys: set[str] = attrs.field(factory=set)
+    """The task's input keys as this attempt knows them (a step or sleep may not reuse one)."""
     wake_delay_ms: int | None = None
     """Set when the attempt ended by a durable sleep's suspension: how long until it is due."""
 
@@ -911,6 +913,7 @@ class Runner:
             started_at=trio.current_time(),
             claim_duration=None if source == "request" else duration,
             steps=snapshot.steps,
+            input_keys=set(snapshot.task.used_input_keys),
         )
         token._input = _AttemptInput(self, job)
         context = self._contexts.get(lease.task_id)
@@ -1496,8 +1499,9 @@ class Runner:
             require_input_request(dict(context.client_capabilities), request)
         if key in job.waiters:
             raise DuplicateInputKey(key)
-        if key in job.steps:
+        if key in job.steps or key in job.step_keys:
             raise DuplicateInputKey(key)
+        job.input_keys.add(key)
         waiter = _Waiter()
         job.waiters[key] = waiter
         try:
@@ -1570,7 +1574,8 @@ class Runner:
             raise StaleAttempt(job.task_id)
         check_step_key(key)
         self._no_step_body(what)
-        if key in job.step_keys or key in job.waiters:
+        if key in job.step_keys or key in job.input_keys:
+            # (an input key too, before any body runs: the store would refuse its commit)
             raise DuplicateStepKey(key)
         job.step_keys.add(key)
 
