@@ -1,5 +1,5 @@
-"""``python -m stress bench {core,tasks,scale,queue,idle,soak,suspended}``: benchmarks with their
-baselines."""
+"""``python -m stress bench {core,tasks,scale,queue,idle,listen,soak,suspended}``: benchmarks with
+their baselines."""
 
 from __future__ import annotations
 
@@ -135,6 +135,19 @@ def register_bench(commands: Any, common: Callable[[argparse.ArgumentParser], No
         help="tasks of the per-attempt-renewal baseline (0: none)",
     )
     idle.set_defaults(handler=_handle_idle)
+    listen = kinds.add_parser(
+        "listen", help="10,000 listen streams on one process: memory per stream, push delay"
+    )
+    common(listen)
+    listen.add_argument("--streams", type=_positive, default=10_000)
+    listen.add_argument(
+        "--tasks", type=_positive, default=1_000, help="each watched by streams/tasks"
+    )
+    listen.add_argument(
+        "--updates-per-second", type=_positive_float, default=50.0, help="answers (2 commits each)"
+    )
+    listen.add_argument("--baseline-streams", type=_positive, default=100)
+    listen.set_defaults(handler=_handle_listen)
 
     soak = kinds.add_parser("soak", help="100k tasks on the memory store: RSS at 10k vs 100k")
     common(soak)
@@ -255,6 +268,18 @@ def _handle_queue(args: argparse.Namespace) -> int:
         sqlite_synchronous=args.sqlite_synchronous,
     )
     return _run(args, lambda: bench_queue(params))
+
+
+def _handle_listen(args: argparse.Namespace) -> int:
+    from stress.bench.listen import ListenParams, bench_listen
+
+    params = ListenParams(
+        streams=args.streams,
+        tasks=args.tasks,
+        updates_per_second=args.updates_per_second,
+        baseline_streams=args.baseline_streams,
+    )
+    return _run(args, lambda: bench_listen(params))
 
 
 def _handle_soak(args: argparse.Namespace) -> int:

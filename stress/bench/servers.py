@@ -11,6 +11,9 @@
   polls (completed jobs and store writes of this process);
 * ``idle``: a task-required ``nap`` tool that sleeps inside the tool (see
   :mod:`stress.bench.idle`);
+* ``listen``: a tritask app on the memory store whose ``step`` tool is task-required and asks
+  ``rounds`` inputs in turn (so every ``tasks/update`` commits twice), served without a
+  connection cap, for ``bench listen``'s thousands of open listen streams;
 * ``soak``: not a server: runs the soak workload in-process and prints one JSON line.
 """
 
@@ -28,6 +31,8 @@ from typing import Any
 import attrs
 import trio
 import trio.testing
+
+from tritask.server.context import Context  # at module level: tool annotations resolve here
 
 log = logging.getLogger("stress.bench.servers")
 
@@ -330,6 +335,47 @@ async def queue_server(args: argparse.Namespace) -> None:
         await _serve_until_eof(serve)
 
 
+# -- listen -------------------------------------------------------------------------------------
+
+
+async def listen_server(args: argparse.Namespace) -> None:
+    from tritask.server.app import App
+    from tritask.server.extension import ServeEnvironment
+    from tritask.server.mrtr import elicitation
+    from tritask.tasks import MemoryStore, Tasks
+    from tritask.transports._h11server import ServerConfig
+    from tritask.transports.http import serve_http
+
+    store = MemoryStore(scope="shared", max_tasks=None, max_active_tasks_per_scope=None)
+    tasks = Tasks(
+        store=store,
+        task_support={"step": "required"},
+        ttl_ms=None,
+        runner_options={"max_jobs": args.max_jobs, "reap_interval_ms": None},
+    )
+    app = App("bench-listen", "1.0.0", extensions=[tasks])
+
+    @app.tool()
+    async def step(ctx: Context, rounds: int = 1) -> str:
+        """Ask ``rounds`` inputs in turn, then finish."""
+        for index in range(rounds):
+            await ctx.await_input(f"r{index}", elicitation(f"Round {index}?", {"type": "object"}))
+        return "done"
+
+    async def serve(trigger: Callable[[], Awaitable[None]], task_status: Any) -> None:
+        await serve_http(
+            app,
+            "127.0.0.1",
+            0,
+            shutdown_trigger=trigger,
+            task_status=task_status,
+            server_config=ServerConfig(max_connections=None),
+        )
+
+    async with store, app.running(ServeEnvironment(store_url="memory:")):
+        await _serve_until_eof(serve)
+
+
 # -- soak ---------------------------------------------------------------------------------------
 
 
@@ -413,7 +459,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stress.bench.servers")
     parser.add_argument(
         "kind",
-        choices=["core-tritask", "core-mcp", "core-ceiling", "tasks", "queue", "idle", "soak"],
+        choices=[
+            "core-tritask",
+            "core-mcp",
+            "core-ceiling",
+            "tasks",
+            "queue",
+            "idle",
+            "listen",
+            "soak",
+        ],
     )
     parser.add_argument("--unlimited", action="store_true", help="no store limits")
     parser.add_argument("--cpu", type=int, default=None, help="pin this process to one CPU")
@@ -446,6 +501,7 @@ def main(argv: list[str] | None = None) -> int:
         "tasks": tasks_server,
         "queue": queue_server,
         "idle": _idle_server,
+        "listen": listen_server,
     }
     if args.kind == "soak":
         trio.run(soak, args, clock=trio.testing.MockClock(autojump_threshold=0))

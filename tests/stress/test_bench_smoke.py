@@ -236,4 +236,25 @@ def test_bench_idle_sqlite_smoke() -> None:
     assert {"serverCpuFractionOfCore", "writeSyscallsPerSecond", "gcSecondsInWindow"} <= set(
         tritask
     )
+
+
+def test_bench_listen_smoke() -> None:
+    """A few streams: every stream gets exactly its task's two pushes, figures are reported
+    (the target is judged on the full 10,000-stream run, not here)."""
+    result = bench(
+        "listen", "--streams", "40", "--tasks", "8", "--baseline-streams", "8",
+        "--updates-per-second", "200", expect_ok=False,
+    )  # fmt: skip
+    assert result["name"] == "listen"
+    assert result["errors"] == 0
+    for side, streams, tasks in (("baseline", 8, 8), ("tritask", 40, 8)):
+        figures = result[side]
+        assert (figures["streams"], figures["tasks"]) == (streams, tasks)
+        assert figures["streamsFailed"] == 0 and figures["streamsWithWrongStatuses"] == 0
+        assert figures["commits"] == 2 * tasks
+        assert figures["notifications"] == 2 * streams  # working, then completed, each stream
+        assert figures["rssOpenKiB"] > 0 and isinstance(figures["rssPerStreamKiB"], float)
+        assert 0 < figures["p50Ms"] <= figures["p99Ms"] <= figures["maxMs"]
+    assert set(result["ratio"]) == {"p50", "p99"}
+    assert result["targets"] == {"rssPerStreamKiB": 20.0, "p99Ms": 50.0}
     assert isinstance(result["target_met"], bool)

@@ -40,6 +40,7 @@ from tritask.protocol.versions import INPUT_REQUIRED_METHODS, SUPPORTED_VERSIONS
 from tritask.server import invocation
 from tritask.server.app import App, ToolDef
 from tritask.server.context import Context, Emit
+from tritask.server.hub import HubEvent, Subscription
 from tritask.server.mrtr import InputRequired
 from tritask.server.results import (
     InvalidResult,
@@ -436,18 +437,28 @@ class Dispatcher:
                     merged_meta.update(tag)
                     await ctx.send_notification(method, {**snapshot_params, "_meta": merged_meta})
             async for event in subscription:
-                if event.render is not None:
-                    rendered = await event.render(subscription, ctx)
-                    if rendered is None:
-                        continue
-                    event_params = dict(rendered)
-                else:
-                    event_params = dict(event.params)
-                event_meta = event_params.get("_meta")
-                merged = dict(event_meta) if isinstance(event_meta, dict) else {}
-                merged.update(tag)
-                event_params["_meta"] = merged
-                await ctx.send_notification(event.method, event_params)
+                await self._deliver(event, subscription, ctx, tag)
+                # Hold nothing of a sent event while waiting for the next (an idle stream
+                # must not keep a task's state alive).
+                del event
         finally:
             self.app.hub.close_subscription(subscription)
         return {"_meta": dict(tag)}
+
+    @staticmethod
+    async def _deliver(
+        event: HubEvent, subscription: Subscription, ctx: Context, tag: dict[str, JSONValue]
+    ) -> None:
+        """Send one hub event on a listen stream (rendered by the stream when it says so)."""
+        if event.render is not None:
+            rendered = await event.render(subscription, ctx)
+            if rendered is None:
+                return
+            params = dict(rendered)
+        else:
+            params = dict(event.params)
+        event_meta = params.get("_meta")
+        merged = dict(event_meta) if isinstance(event_meta, dict) else {}
+        merged.update(tag)
+        params["_meta"] = merged
+        await ctx.send_notification(event.method, params)

@@ -48,7 +48,7 @@ from tritask.tasks.executor import (
     internal_error,
 )
 from tritask.tasks.legacy import LegacyTasks, TaskSupport
-from tritask.tasks.model import Snapshot, create_task_result, detailed_task, new_task
+from tritask.tasks.model import Snapshot, Task, create_task_result, detailed_task, new_task
 from tritask.tasks.reducer import DuplicateInputKey
 from tritask.tasks.runner import Runner, RunnerNotRunning
 from tritask.tasks.steps import StepError
@@ -163,6 +163,10 @@ _TASK_SUPPORT: Final[dict[Mode, TaskSupport]] = {
     "optional": "optional",
     "required": "required",
 }
+
+
+_Memo: TypeAlias = dict[tuple[str, str], tuple[int, Task] | None]
+"""One change's reads, by (store id, scope): the revision and task read, or ``None`` (gone)."""
 
 
 def _watching(subscription: Subscription, task_id: str) -> bool:
@@ -434,7 +438,7 @@ class Tasks(Extension):
             self._publish_task(hub, change.task_id, change)
 
     def _publish_task(self, hub: Hub, task_id: str, change: TaskChange | None) -> None:
-        memo: dict[tuple[str, str], Snapshot | None] = {}
+        memo: _Memo = {}
 
         async def render(subscription: Subscription, ctx: Any) -> dict[str, JSONValue] | None:
             return await self._render(task_id, change, memo, subscription, ctx)
@@ -456,19 +460,18 @@ class Tasks(Extension):
         subscription.state[EXTENSION_ID] = {}
         for task_id in ids:
             if isinstance(task_id, str):
-                memo: dict[tuple[str, str], Snapshot | None] = {}
                 subscription.push(
                     "notifications/tasks",
                     {},
                     key=("notifications/tasks", task_id),
-                    render=functools.partial(self._render, task_id, None, memo),
+                    render=functools.partial(self._render, task_id, None, None),
                 )
 
     async def _render(
         self,
         task_id: str,
         change: TaskChange | None,
-        memo: dict[tuple[str, str], Snapshot | None],
+        memo: _Memo | None,
         subscription: Subscription,
         ctx: Any,
     ) -> dict[str, JSONValue] | None:
@@ -500,15 +503,15 @@ class Tasks(Extension):
                 return None
             if found is None:
                 return None
-            task, revision = found.task, found.revision
+            revision, task = found
         if revision <= sent.get(task_id, -1):
             return None
         sent[task_id] = revision
         return detailed_task(task)
 
     async def _read_retrying(
-        self, task_id: str, memo: dict[tuple[str, str], Snapshot | None], ctx: Any
-    ) -> tuple[Snapshot | None, bool]:
+        self, task_id: str, memo: _Memo | None, ctx: Any
+    ) -> tuple[tuple[int, Task] | None, bool]:
         """:meth:`_read`, retried a few times when the store fails (a busy database, a lost
         connection): the change may be the task's last, so it must not be dropped lightly."""
         for attempt in range(_READ_ATTEMPTS):
@@ -522,21 +525,24 @@ class Tasks(Extension):
         return None, False
 
     async def _read(
-        self, task_id: str, memo: dict[tuple[str, str], Snapshot | None], ctx: Any
-    ) -> tuple[Snapshot | None, bool]:
-        """The task through the store with ``ctx``'s access; ``(None, True)`` when it is gone."""
+        self, task_id: str, memo: _Memo | None, ctx: Any
+    ) -> tuple[tuple[int, Task] | None, bool]:
+        """The task's revision and state through the store with ``ctx``'s access (``memo``
+        shares one read between the streams of one scope); ``(None, True)`` when it is gone."""
         store, _ = self.parts()
         try:
             access = await store.authorize(ctx, Action.GET, task_id)
         except Unauthorized:
             return None, True
         memo_key = (access.store_id, access.scope)
-        if memo_key in memo:
-            snapshot = memo[memo_key]
+        if memo is not None and memo_key in memo:
+            read = memo[memo_key]
         else:
             found = await store.get(task_id, access)
-            snapshot = memo[memo_key] = None if isinstance(found, NotFound) else found
-        return snapshot, snapshot is None
+            read = None if isinstance(found, NotFound) else (found.revision, found.task)
+            if memo is not None:
+                memo[memo_key] = read
+        return read, read is None
 
     def _forget(self, subscription: Subscription, task_id: str) -> None:
         subscription.state.get(EXTENSION_ID, {}).pop(task_id, None)
