@@ -767,30 +767,42 @@ async def bench_queue(params: QueueParams) -> dict[str, Any]:
                 "--unlimited",
             ]
             async with ServerProcess.start("queue", *options) as server:
-                stats = await HttpConnection.connect("127.0.0.1", server.port)
+
+                async def stats() -> dict[str, Any]:
+                    # A connection of its own each time: the server closes idle ones, and
+                    # the submission of 100,000 tasks takes longer than its idle timeout.
+                    conn = await HttpConnection.connect("127.0.0.1", server.port)
+                    try:
+                        return await _stats(conn)
+                    finally:
+                        await conn.aclose()
+
                 created: list[str] = []
                 failures: list[str] = []
                 first = await _submit(
                     server.port, params.clients, params.checkpoint, created, failures
                 )
-                early = await _stats(stats)
+                early = await stats()
                 rest = await _submit(
                     server.port, params.clients, params.tasks - params.checkpoint, created, failures
                 )
-                late = await _stats(stats)
-                status, opened = await stats.call(OPEN)
-                if status != 200 or "result" not in opened:
-                    raise RuntimeError(f"bench_open failed: {status} {opened}")
-                drain_started = time.perf_counter()
-                deadline = trio.current_time() + max(120.0, params.tasks / 50)
-                while True:
-                    now = await _stats(stats)
-                    finished = now["completed"] + now["otherStops"] - early["otherStops"]
-                    if finished >= len(created) or trio.current_time() > deadline:
-                        break
-                    await trio.sleep(0.05)
-                drain_seconds = time.perf_counter() - drain_started
-                await stats.aclose()
+                late = await stats()
+                conn = await HttpConnection.connect("127.0.0.1", server.port)
+                try:
+                    status, opened = await conn.call(OPEN)
+                    if status != 200 or "result" not in opened:
+                        raise RuntimeError(f"bench_open failed: {status} {opened}")
+                    drain_started = time.perf_counter()
+                    deadline = trio.current_time() + max(120.0, params.tasks / 50)
+                    while True:
+                        now = await _stats(conn)
+                        finished = now["completed"] + now["otherStops"] - early["otherStops"]
+                        if finished >= len(created) or trio.current_time() > deadline:
+                            break
+                        await trio.sleep(0.05)
+                    drain_seconds = time.perf_counter() - drain_started
+                finally:
+                    await conn.aclose()
     accepted = len(created)
     completed = int(now["completed"])
     submit_seconds = first + rest

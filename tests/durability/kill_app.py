@@ -16,6 +16,8 @@ import trio
 from tritask import App, Completed, ExecutionToken, Retry, RetryPolicy, Tasks, Work, elicitation
 
 LOG = os.environ.get("TRITASK_KILL_LOG", "kill.log")
+MAX_JOBS = int(os.environ.get("TRITASK_KILL_MAX_JOBS", "1000"))
+"""Below the number of tasks, most of them wait queued in the store when a kill lands."""
 ANSWER_SCHEMA = {
     "type": "object",
     "properties": {"value": {"type": "string"}},
@@ -84,7 +86,7 @@ app.add_extension(
             "executor": DurableExecutor(),
             "lease_ms": 3_000,
             "recovery_interval_ms": 100,
-            "max_jobs": 1_000,
+            "max_jobs": MAX_JOBS,
         },
     )
 )

@@ -39,8 +39,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.contract("tasks-recovery-claims")]
 class Server:
     """One ``tritask serve`` process; its stderr is drained by a thread into a buffer."""
 
-    def __init__(self, db: Path, log: Path) -> None:
-        env = {**os.environ, "TRITASK_KILL_LOG": str(log), "PYTHONUNBUFFERED": "1"}
+    def __init__(self, db: Path, log: Path, max_jobs: int) -> None:
+        env = {
+            **os.environ,
+            "TRITASK_KILL_LOG": str(log),
+            "TRITASK_KILL_MAX_JOBS": str(max_jobs),
+            "PYTHONUNBUFFERED": "1",
+        }
         self.process = subprocess.Popen(
             [
                 sys.executable,
@@ -137,11 +142,14 @@ async def _sweep_until(observer: Observer, server: Server, deadline: float) -> N
         await transport.aclose()
 
 
-async def test_sigkill_at_random_points_loses_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("max_jobs", [1_000, 8], ids=["all-running", "mostly-queued"])
+async def test_sigkill_at_random_points_loses_nothing(tmp_path: Path, max_jobs: int) -> None:
+    """With ``max_jobs`` 8 the 240 tasks are accepted all the same, and each kill lands on a
+    server with 8 attempts running and the rest queued in the store."""
     rng = random.Random(SEED)
     db = tmp_path / "kill.db"
     log = tmp_path / "effects.log"
-    server = Server(db, log)
+    server = Server(db, log, max_jobs)
     url = await server.ready()
     transport = HttpTransport(url)
     client = Client(transport, capabilities={"elicitation": {}})
@@ -164,7 +172,7 @@ async def test_sigkill_at_random_points_loses_nothing(tmp_path: Path) -> None:
             await _sweep_until(observer, server, trio.current_time() + 60)
         server.kill()
         kills += 1
-        server = Server(db, log)
+        server = Server(db, log, max_jobs)
         restarts.append(server)
     await _sweep_until(observer, server, trio.current_time() + 120)
     assert server.stop() == 0, "".join(server.lines)
