@@ -24,6 +24,7 @@ import pytest
 import trio
 
 from tritask.tasks.events import EventKind
+from tritask.tasks.store import QUEUED_MESSAGE
 from tritask.testing.client import Client, ClientError, HttpTransport
 
 HERE = Path(__file__).parent
@@ -103,11 +104,15 @@ class Observer:
         self.terminal: dict[str, dict[str, Any]] = {}
         self.answers: dict[str, str] = {}
         self.changed: list[str] = []
+        self.queued: set[str] = set()
+        """Tasks seen waiting queued (their status message says so)."""
 
     async def sweep(self, client: Client) -> None:
         for task_id, mode in self.modes.items():
             task = await client.get_task(task_id)
             status = task["status"]
+            if task.get("statusMessage") == QUEUED_MESSAGE:
+                self.queued.add(task_id)
             if status in ("completed", "failed", "cancelled"):
                 seen = {k: task.get(k) for k in ("status", "result", "error")}
                 first = self.terminal.setdefault(task_id, seen)
@@ -179,6 +184,10 @@ async def test_sigkill_at_random_points_loses_nothing(tmp_path: Path, max_jobs: 
 
     assert len(observer.terminal) == TASKS, f"{TASKS - len(observer.terminal)} tasks never ended"
     assert observer.changed == []
+    if max_jobs < TASKS:  # most tasks waited queued, and none was refused
+        assert len(observer.queued) > TASKS // 2, len(observer.queued)
+    else:
+        assert observer.queued == set()
     statuses = Counter(seen["status"] for seen in observer.terminal.values())
     assert statuses == {"completed": TASKS}, statuses
     for task_id, seen in observer.terminal.items():

@@ -664,6 +664,32 @@ async def test_beyond_max_jobs_a_task_waits_queued_then_runs(
     assert env.runner.statistics().queued == 0
 
 
+async def test_a_queued_task_is_cancelled_and_expires_without_ever_running(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    env = await basic_env(
+        nursery,
+        runner_options={"max_jobs": 1},
+        tasks_options={"ttl_ms": 60_000},
+    )
+    running = await env.create("slow", {"seconds": 120})
+    cancelled = await env.create("slow", {"seconds": 1, "label": "cancelled"})
+    expiring = await env.create("slow", {"seconds": 1, "label": "expiring"})
+    assert (await env.get(cancelled))["statusMessage"] == QUEUED_MESSAGE
+    assert await env.result("tasks/cancel", {"taskId": cancelled}) == ACK
+    assert (await env.get(cancelled))["status"] == "cancelled"
+    # Answers to a queued task are not its own: nothing is waiting for them.
+    update = {"taskId": expiring, "inputResponses": {"k": {"action": "accept"}}}
+    assert await env.result("tasks/update", update) == ACK
+    await trio.sleep(61)  # past the TTL of all three; the first still runs
+    assert await env.error("tasks/get", {"taskId": expiring}) == unknown()
+    assert await env.error("tasks/get", {"taskId": cancelled}) == unknown()
+    await env.runner.reap_once()
+    assert env.memory.history(expiring) == []
+    starts = [md["task_id"] for _, md in env.named(ins.JOB_START)]
+    assert starts == [running]  # neither queued task ever ran
+
+
 async def test_two_hundred_tasks_at_once_on_four_slots_all_complete(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
