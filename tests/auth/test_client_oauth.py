@@ -140,3 +140,19 @@ async def test_the_secret_is_never_sent_to_a_plain_http_token_endpoint() -> None
     # Loopback over plain HTTP stays allowed (local development, these tests).
     for url in ("http://127.0.0.1:9/token", "http://localhost/token", "http://[::1]:8/t"):
         assert ClientCredentials("c", "s", token_endpoint=url).token_endpoint == url
+
+
+async def test_one_client_credentials_is_bound_to_the_server_it_discovered(
+    auth_server: TestAuthorizationServer,
+) -> None:
+    # Its token is for the resource it discovered: asked by another server, it must not keep
+    # requesting tokens for the first resource (and sending them to the second).
+    credentials = ClientCredentials("test-client", "test-secret")
+    async with serve_protected(auth_server) as first, serve_protected(auth_server) as second:
+        async with connect(first.url, auth=credentials) as client:
+            await client.call_tool("whoami", {})
+        requested = len(auth_server.token_requests)
+        with pytest.raises(OAuthError, match="use one ClientCredentials per server"):
+            async with connect(second.url, auth=credentials):
+                pass
+        assert len(auth_server.token_requests) == requested

@@ -99,6 +99,11 @@ class ClientCredentials:
     ``scopes`` are asked for from the start (a challenge may add more). ``token_endpoint`` and
     ``resource`` skip discovery when given. ``auth_method`` is how the client authenticates to
     the token endpoint.
+
+    Use one instance per server: it holds one token, for the resource it discovered (or was
+    given). A challenge from another endpoint than the one it discovered is an ``OAuthError``
+    (the hook is not told the URL before a request, so the first request to another server
+    would still carry this token).
     """
 
     def __init__(
@@ -132,6 +137,8 @@ class ClientCredentials:
         """The scopes of the token held (as the token endpoint said, else as asked)."""
         self.token_requests = 0
         self._lock: trio.Lock | None = None
+        self._server_url: str | None = None
+        """The endpoint whose challenge the discovery followed (its token is for it alone)."""
 
     def __repr__(self) -> str:
         return f"ClientCredentials({self.client_id!r}, scopes={sorted(self.scopes)!r})"
@@ -162,8 +169,18 @@ class ClientCredentials:
         wanted = set(self.scopes) | set(params.get("scope", "").split())
         if challenge.http_status == 403:
             wanted |= self.granted  # step-up keeps what the token had
+        if (
+            self._server_url is not None
+            and challenge.url is not None
+            and _canonical(challenge.url) != _canonical(self._server_url)
+        ):
+            raise OAuthError(
+                f"these credentials hold tokens for {self.resource!r}, not for {challenge.url!r}: "
+                "use one ClientCredentials per server"
+            )
         if self.token_endpoint is None or self.resource is None:
             await self._discover(params.get("resource_metadata"), challenge.url)
+            self._server_url = challenge.url
         await self._request_token(frozenset(wanted))
         self.scopes = self.scopes | frozenset(wanted)
         return f"Bearer {self._token}"
