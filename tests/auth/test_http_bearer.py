@@ -99,6 +99,22 @@ def test_offline_access_is_never_advertised() -> None:
         BearerAuth(resource="https://mcp.example/mcp", authorization_servers=[], verifier=verifier)
 
 
+def test_a_resource_that_cannot_go_into_a_challenge_is_refused_at_configuration() -> None:
+    # The resource's metadata URL is quoted in every WWW-Authenticate header: non-ASCII would
+    # fail every refusal (the header is ASCII), a quote or backslash would break the quoting.
+    verifier = JWTVerifier("https://as.example", "https://as.example/jwks")
+    for resource in (
+        "https://mcp.exämple.com/mcp",
+        'https://mcp.example/m"cp',
+        "https://mcp.example/m\\cp",
+        "https://mcp.example/m cp",
+    ):
+        with pytest.raises(ValueError, match="printable ASCII"):
+            BearerAuth(
+                resource=resource, authorization_servers=["https://as.example"], verifier=verifier
+            )
+
+
 async def test_no_token_is_401_without_an_error_code(endpoint: Endpoint) -> None:
     metadata = endpoint.metadata_url
     response = await endpoint.post(rpc("server/discover"))

@@ -110,6 +110,12 @@ class BearerAuth:
         resource_documentation: str | None = None,
     ) -> None:
         self.resource = check_resource(resource)
+        if not all("!" <= char <= "~" and char not in '"\\' for char in resource):
+            # Its metadata URL is quoted in every WWW-Authenticate header (ASCII).
+            raise ValueError(
+                f"resource {resource!r} must be printable ASCII without spaces, quotes or "
+                "backslashes (an IDN host in its punycode form, a path percent-encoded)"
+            )
         if isinstance(authorization_servers, str):
             authorization_servers = (authorization_servers,)
         if not authorization_servers:
