@@ -306,9 +306,11 @@ class Context:
 
         ``key`` is unique for the task's life (shared with sleep and input keys); ``fingerprint``
         (default: a digest of the JSON arguments) must match on replay, else the task fails
-        naming the key; ``timeout_s`` bounds each run of the body; ``retry`` is a list of
-        delays (ms) for in-attempt retries of a body that raised; ``thread=True`` runs a sync
-        ``fn`` in a worker thread, which may poll :attr:`cancelled`. The option names are
+        naming the key; ``timeout_s`` bounds each run of an async body (a thread cannot be
+        interrupted: its late result is discarded with ``trio.TooSlowError``); ``retry`` is a
+        list of delays (ms) for in-attempt retries of a body that raised (each runs the body
+        again, ``at_most_once`` too); ``thread=True`` runs a sync ``fn`` in a worker thread,
+        which may poll :attr:`cancelled`. The option names are
         reserved: pass such keyword arguments to ``fn`` with ``functools.partial``.
         """
         return await self._steps("ctx.step").step(
