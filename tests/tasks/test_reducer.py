@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tritask.tasks._time import MAX_INSTANT, format_instant, parse_instant
 from tritask.tasks.events import Effects, Event, EventKind, RetryEffect
 from tritask.tasks.model import (
     Snapshot,
@@ -18,7 +19,7 @@ from tritask.tasks.model import (
     snapshot_from_json,
     snapshot_to_json,
 )
-from tritask.tasks.reducer import DuplicateInputKey, Outcome, apply
+from tritask.tasks.reducer import DuplicateInputKey, Outcome, StepKeyReused, apply
 from tritask.tasks.work import RetryPolicy, Work
 
 pytestmark = pytest.mark.contract("tasks-store-hardening")
@@ -307,3 +308,136 @@ def expect_model(
             EventKind.CANCELLED: TaskStatus.CANCELLED,
         }[event.kind]
         assert after.task.status is expected
+
+
+# -- hypothesis: step, sleep and suspension events ----------------------------------------------
+
+step_keys = st.sampled_from(["a", "s", "t"])
+fingerprints = st.sampled_from(["fp1", "fp2"])
+step_outcomes = st.one_of(
+    objects.map(lambda v: {"result": v}),
+    st.just({"error": {"code": -32001, "message": "declined"}}),
+)
+step_event_strategy = st.one_of(
+    event_strategy,
+    st.builds(Event.input_requested, step_keys, st.just(ASK)),
+    st.builds(Event.input_requested, step_keys, st.just(ASK)),
+    st.builds(Event.step_started, step_keys, fingerprints),
+    st.builds(Event.step_recorded, step_keys, fingerprints, step_outcomes),
+    st.builds(
+        Event.input_responses_accepted, st.dictionaries(step_keys, objects, min_size=1, max_size=2)
+    ),
+    st.builds(Event.sleep_scheduled, step_keys, st.integers(0, 10_000)),
+    st.builds(Event.sleep_scheduled, step_keys, st.integers(3_000, 10_000)),
+    st.builds(Event.suspended, step_keys | keys),
+    st.builds(Event.suspended, step_keys),
+    st.builds(Event.suspended, step_keys),
+)
+gaps = st.integers(1, 1_000_000) | st.integers(1, 10**7)
+
+
+def expect_step_model(before: Snapshot, event: Event, at: int) -> Snapshot | type[Exception]:
+    """An independent statement of the step rules: the next snapshot's steps and suspension
+    (as ``(steps, suspended_key, suspended_until)`` on the returned snapshot's fields), the
+    exception the event must raise, or ``before`` itself when nothing changes."""
+    data: dict[str, Any] = event.data
+    if before.task.status.is_terminal:
+        return before
+    key = str(data.get("key", ""))
+    steps = before.steps
+    inputs = before.task.used_input_keys
+    if event.kind is EventKind.INPUT_REQUESTED and (key in steps or key in inputs):
+        return DuplicateInputKey
+    if event.kind is EventKind.STEP_STARTED:
+        if key in steps or key in inputs:
+            return StepKeyReused
+        record: dict[str, Any] = {"kind": "step", "fingerprint": data["fingerprint"]}
+        return attrs.evolve(before, steps={**steps, key: {**record, "outcome": None}})
+    if event.kind is EventKind.STEP_RECORDED:
+        existing = steps.get(key)
+        if key in inputs or (
+            existing is not None
+            and (existing.get("outcome") is not None or existing != {
+                "kind": "step", "fingerprint": data["fingerprint"], "outcome": None
+            })
+        ):  # fmt: skip
+            return StepKeyReused
+        record = {"kind": "step", "fingerprint": data["fingerprint"], "outcome": data["outcome"]}
+        return attrs.evolve(before, steps={**steps, key: record})
+    if event.kind is EventKind.SLEEP_SCHEDULED:
+        if key in steps or key in inputs:
+            return StepKeyReused
+        wake = format_instant(at + data["delayMs"] * 1000)
+        return attrs.evolve(before, steps={**steps, key: {"kind": "sleep", "wakeAt": wake}})
+    if event.kind is EventKind.SUSPENDED:
+        until = before.suspended_until
+        if before.suspended_key is not None and (until is None or until > at):
+            return before
+        record_ = steps.get(key)
+        if record_ is not None:
+            if record_["kind"] != "sleep" or parse_instant(record_["wakeAt"]) <= at:
+                return before
+            wake_at = parse_instant(record_["wakeAt"])
+            return attrs.evolve(before, suspended_key=key, suspended_until=wake_at)
+        if key in before.task.input_requests:
+            return attrs.evolve(before, suspended_key=key, suspended_until=None)
+        return before
+    return before  # other kinds: checked by test_random_sequences
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(step_event_strategy, gaps), max_size=16))
+def test_random_step_sequences(steps: list[tuple[Event, int]]) -> None:
+    """Step events follow their model; the reducer never changes its input (pure), raises
+    only its own key errors, keeps every record invariant and the v4 round trip, clears a
+    suspension on a terminal event or an answer, and claims are gated by available_at."""
+    snapshot = fresh(RetryPolicy([1000, 1000]))
+    for event, gap in steps:
+        at = snapshot.task.last_updated_at + gap
+        before = snapshot
+        text = snapshot_to_json(before)
+        expected = expect_step_model(before, event, at)
+        if isinstance(expected, type):
+            with pytest.raises(expected):
+                apply(before, event, at)
+            assert snapshot_to_json(before) == text
+            continue
+        outcome = apply(before, event, at)
+        assert snapshot_to_json(before) == text  # the input snapshot is untouched
+        snapshot = outcome.snapshot
+        check_invariants(snapshot)
+        if event.kind in _STEP_EVENT_KINDS:
+            if expected is before:
+                assert outcome.kind == "unchanged" and snapshot is before
+            else:
+                assert outcome.kind == "applied"
+                assert (snapshot.steps, snapshot.suspended_key, snapshot.suspended_until) == (
+                    expected.steps,
+                    expected.suspended_key,
+                    expected.suspended_until,
+                )
+                assert snapshot.task.status is before.task.status
+                assert snapshot.retry_count == before.retry_count
+        else:
+            assert snapshot.steps == before.steps  # only step events record steps
+        if snapshot.task.status.is_terminal:
+            assert snapshot.suspended_key is None and snapshot.available_at is None
+        elif snapshot.suspended_key is not None:  # claimable only from its end (input: never)
+            end = MAX_INSTANT if snapshot.suspended_until is None else snapshot.suspended_until
+            assert snapshot.available_at == max(end, snapshot.retry_at or 0)
+        if (
+            event.kind is EventKind.INPUT_RESPONSES_ACCEPTED
+            and outcome.effects.accepted_input_responses
+            and before.suspended_until is None
+        ):
+            assert snapshot.suspended_key is None  # an answer wakes an input suspension
+
+
+_STEP_EVENT_KINDS = frozenset(
+    {
+        EventKind.STEP_STARTED,
+        EventKind.STEP_RECORDED,
+        EventKind.SLEEP_SCHEDULED,
+        EventKind.SUSPENDED,
+    }
+)
