@@ -158,7 +158,9 @@ class Context:
         Raises :class:`~tritask.protocol.auth.InsufficientScope`: on HTTP, before anything
         was streamed, a 403 ``insufficient_scope`` naming every scope needed (so a client can
         step up); otherwise a -32600 error. A request without a verified token (no
-        ``BearerAuth``: stdio, or HTTP without OAuth) is not checked.
+        ``BearerAuth``: stdio, or HTTP without OAuth) is not checked, and neither is a task
+        resumed after a restart (its token is never persisted, so its ``ctx.auth`` is ``None``):
+        check before the first input wait or durable sleep, or use ``required_scopes=``.
         """
         if self.auth is not None and not self.auth.has_scopes(scopes):
             raise InsufficientScope(scopes)
