@@ -267,3 +267,19 @@ async def test_time_claims_must_be_finite_numbers(auth_server: TestAuthorization
             assert description == f"The token's {name} is not a number", (name, value)
     finite = auth_server.claims_for(aud=RESOURCE, nbf=time.time() - 1.5)
     assert (await verifier.verify(auth_server.sign_raw(head, finite), RESOURCE)).subject == "alice"
+
+
+def test_keys_and_introspection_only_over_https_except_on_loopback() -> None:
+    # Keys fetched over plain HTTP can be replaced in transit (forged tokens verify), and the
+    # introspection request carries the server's secret and the token.
+    from tritask.auth import IntrospectionVerifier
+
+    for url in ("http://as.example/jwks", "http://10.0.0.1/jwks", "ftp://as.example/jwks"):
+        with pytest.raises(ValueError, match="must be https"):
+            JWTVerifier("https://as.example", url)
+        with pytest.raises(ValueError, match="must be https"):
+            IntrospectionVerifier(url, "client", "secret")
+    for url in ("https://as.example/jwks", "http://127.0.0.1:9/jwks", "http://localhost/j"):
+        assert JWTVerifier("https://as.example", url).jwks_uri == url
+        assert IntrospectionVerifier(url, "client", "secret").url == url
+    assert JWTVerifier("https://as.example", "http://[::1]:8/jwks").jwks_uri.startswith("http")

@@ -6,6 +6,7 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Final, Protocol
+from urllib.parse import urlsplit
 
 import attrs
 import trio
@@ -98,6 +99,22 @@ async def httpx_fetch(request: HttpRequest, timeout_s: float = 5.0) -> HttpRespo
             )
     except httpx.HTTPError as error:
         raise FetchFailed(f"{request.url}: {type(error).__name__}") from error
+
+
+def check_endpoint(url: str, what: str) -> str:
+    """``url`` if it is https, or plain http to a loopback host (``ValueError`` otherwise).
+
+    Keys fetched over plain HTTP could be replaced in transit (forged tokens would verify);
+    an introspection request carries the server's secret and the token.
+    """
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    host = (parts.hostname or "").lower()
+    if scheme == "https" and host:
+        return url
+    if scheme == "http" and (host in ("localhost", "::1") or host.startswith("127.")):
+        return url
+    raise ValueError(f"{what} {url!r} must be https (plain http only to a loopback host)")
 
 
 def fetcher(fetch: Fetch | None, timeout_s: float) -> Fetch:

@@ -29,6 +29,7 @@ from tritask.auth._verifier import (
     VerifierUnavailable,
     accepted_audiences,
     check_audience,
+    check_endpoint,
     check_times,
     fetcher,
     json_document,
@@ -63,8 +64,7 @@ class IntrospectionVerifier:
         clock: Callable[[], float] = time.time,
         fetch: Fetch | None = None,
     ) -> None:
-        if not url.lower().startswith(("https://", "http://")):
-            raise ValueError(f"introspection url {url!r} must be an http(s) URL")
+        check_endpoint(url, "introspection url")
         if auth_method not in ("client_secret_basic", "client_secret_post"):
             raise ValueError("auth_method must be client_secret_basic or client_secret_post")
         if isinstance(audience, str):

@@ -36,6 +36,7 @@ from tritask.auth._verifier import (
     VerifierUnavailable,
     accepted_audiences,
     check_audience,
+    check_endpoint,
     check_times,
     fetcher,
     json_document,
@@ -96,8 +97,7 @@ class JWTVerifier:
             raise ImportError("JWTVerifier needs joserfc: pip install 'tritask[oauth]'")
         if not issuer:
             raise ValueError("JWTVerifier needs an issuer (matched exactly against iss)")
-        if not jwks_uri.lower().startswith(("https://", "http://")):
-            raise ValueError(f"jwks_uri {jwks_uri!r} must be an http(s) URL")
+        check_endpoint(jwks_uri, "jwks_uri")
         if isinstance(audience, str):
             audience = (audience,)
         if audience is not None and not audience:
