@@ -156,3 +156,20 @@ async def test_one_client_credentials_is_bound_to_the_server_it_discovered(
             async with connect(second.url, auth=credentials):
                 pass
         assert len(auth_server.token_requests) == requested
+
+
+async def test_discovery_documents_only_over_https_except_on_loopback(
+    auth_server: TestAuthorizationServer,
+) -> None:
+    # The metadata names where the secret goes: fetched in clear text, it could be swapped
+    # in transit for an https endpoint of the attacker's.
+    credentials = ClientCredentials("test-client", "test-secret")
+    with pytest.raises(OAuthError, match="oauth-protected-resource/mcp is not https"):
+        await credentials._discover(
+            "http://mcp.invalid/.well-known/oauth-protected-resource/mcp",
+            "http://mcp.invalid/mcp",
+        )
+    with pytest.raises(OAuthError, match="is not https"):
+        await credentials._discover(None, "http://mcp.invalid/mcp")
+    assert credentials.token_endpoint is None
+    assert auth_server.token_requests == []

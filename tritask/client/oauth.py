@@ -9,7 +9,8 @@ that follows the MCP authorization flow for machine clients (SEP-1046):
 2. The metadata names the ``resource`` (it must be the endpoint's own URL, RFC 9728 §3.3) and
    the authorization server, whose RFC 8414 metadata (or OpenID configuration) gives the token
    endpoint; its ``issuer`` must be the server named, and the endpoint must be https (plain
-   http only to a loopback host): the client secret goes nowhere else.
+   http only to a loopback host): the client secret goes nowhere else. Both metadata documents
+   are read over https only too (off loopback), since they name where the secret goes.
 3. A token is requested with ``grant_type=client_credentials``, the challenge's ``scope`` (plus
    those asked for before) and ``resource`` (RFC 8707), and the request is sent again with it.
 4. A 403 ``insufficient_scope`` is a step-up: a new token for the union of the scopes held and
@@ -68,8 +69,9 @@ def _canonical(uri: str) -> str:
     )
 
 
-def _check_token_endpoint(url: str) -> str:
-    """``url`` if the client secret may go there: https, or plain http to a loopback host."""
+def _check_token_endpoint(url: str, what: str = "the token endpoint") -> str:
+    """``url`` if the client secret may go there (or a document naming where it goes may come
+    from there): https, or plain http to a loopback host."""
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme == "https" and parts.hostname:
@@ -79,7 +81,7 @@ def _check_token_endpoint(url: str) -> str:
         if host == "localhost" or host == "::1" or host.startswith("127."):
             return url
     raise OAuthError(
-        f"the token endpoint {url} is not https (plain http only to a loopback host): "
+        f"{what} {url} is not https (plain http only to a loopback host): "
         "the client secret is not sent there"
     )
 
@@ -186,6 +188,8 @@ class ClientCredentials:
         return f"Bearer {self._token}"
 
     async def _get_json(self, client: httpx.AsyncClient, url: str) -> dict[str, JSONValue] | None:
+        # The documents name where the secret goes: never read in clear text off loopback.
+        _check_token_endpoint(url, "the metadata URL")
         try:
             response = await client.get(url, headers={"accept": "application/json"})
         except httpx.HTTPError as error:
