@@ -851,6 +851,31 @@ async def test_an_answer_while_the_task_is_suspending_still_resumes_it(
     ]
 
 
+async def test_a_long_input_key_suspends_and_resumes_like_any_other(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Input keys have no length limit (step and sleep keys do: 200 characters): a wait on a
+    300-character key suspends, and the answer resumes the task."""
+    store = MemoryStore(scope="shared", clock=TrioClock(START_US))
+    key = "q" * 300
+
+    async def script(work: Work, token: ExecutionToken) -> Any:
+        return done(await token.await_input(key, {"method": "elicitation/create"}))
+
+    runner, events = make_runner(store, script, suspend_input_after_ms=1_000)
+    async with runner:
+        await create_raw(store, runner, "t1")
+        await trio.sleep(2)
+        snapshot = await raw_snapshot(store, "t1")
+        assert isinstance(snapshot, Snapshot)
+        assert (snapshot.task.status, snapshot.suspended_key) == (TaskStatus.INPUT_REQUIRED, key)
+        access = await store.authorize(ANONYMOUS, Action.UPDATE, "t1")
+        await runner.update("t1", {key: {"action": "accept"}}, access)
+        snapshot = await final(store, "t1")
+    assert snapshot.task.status is TaskStatus.COMPLETED
+    assert [md["outcome"] for _, md in events.named(ins.JOB_STOP)] == ["suspended", "completed"]
+
+
 async def test_max_runtime_counts_running_time_only(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -126,6 +126,10 @@ def _validate(kind: EventKind, data: JSONObject) -> None:
         _failure_data(data)
     elif kind is EventKind.COMPLETED:
         _check(isinstance(data["result"], dict), "result must be a JSON object")
+    elif kind is EventKind.SUSPENDED:
+        # It names a sleep (a step key) or an input key, which has no length limit.
+        key = data["key"]
+        _check(isinstance(key, str) and bool(key), "a suspension key must be a non-empty string")
     elif kind in _STEP_KINDS:
         _step_key(data["key"])
         if kind is EventKind.SLEEP_SCHEDULED:
@@ -134,7 +138,7 @@ def _validate(kind: EventKind, data: JSONObject) -> None:
                 type(delay) is int and 0 <= delay <= MAX_DELAY_MS,
                 f"delayMs must be an int in 0..{MAX_DELAY_MS}",
             )
-        elif kind is not EventKind.SUSPENDED:
+        else:
             fingerprint = data["fingerprint"]
             _check(
                 isinstance(fingerprint, str) and 0 < len(fingerprint) <= MAX_FINGERPRINT_CHARS,
