@@ -876,6 +876,43 @@ async def test_a_long_input_key_suspends_and_resumes_like_any_other(
     assert [md["outcome"] for _, md in events.named(ins.JOB_STOP)] == ["suspended", "completed"]
 
 
+async def test_an_answer_on_a_full_runner_resumes_the_task_when_a_slot_frees(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The answer to a suspended task reaches a runner whose slots are all taken (one slot,
+    no recovery): the task resumes as soon as the slot is free."""
+    store = MemoryStore(scope="shared", clock=TrioClock(START_US))
+    busy_may_end = trio.Event()
+
+    async def script(work: Work, token: ExecutionToken) -> Any:
+        if work.input["taskId"] == "busy":
+            await busy_may_end.wait()
+            return done("busy")
+        return done(await token.await_input("confirm", {"method": "elicitation/create"}))
+
+    runner, events = make_runner(store, script, max_jobs=1, suspend_input_after_ms=1_000)
+    async with runner:
+        await create_raw(store, runner, "t1")
+        await trio.sleep(2)
+        assert runner.active_task_ids() == []  # suspended
+        await create_raw(store, runner, "busy")
+        access = await store.authorize(ANONYMOUS, Action.UPDATE, "t1")
+        answered = await runner.update("t1", {"confirm": {"action": "accept"}}, access)
+        assert isinstance(answered, Snapshot) and answered.available_at is None
+        await trio.sleep(5)
+        assert runner.active_task_ids() == ["busy"]
+        busy_may_end.set()
+        snapshot = await final(store, "t1")
+    assert snapshot.task.status is TaskStatus.COMPLETED
+    assert snapshot.task.result is not None
+    assert snapshot.task.result["structuredContent"] == {"value": {"action": "accept"}}
+    assert [(md["task_id"], md["outcome"]) for _, md in events.named(ins.JOB_STOP)] == [
+        ("t1", "suspended"),
+        ("busy", "completed"),
+        ("t1", "completed"),
+    ]
+
+
 async def test_max_runtime_counts_running_time_only(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -832,9 +832,10 @@ class Runner:
 
     def _resume_soon(self, task_id: str) -> None:
         """Try to claim a task whose input was just answered here: it may have been suspended
-        for it (a task running elsewhere is simply unavailable)."""
-        if self.running and self._nursery is not None and len(self._jobs) < self.max_jobs:
-            self._nursery.start_soon(self._claim_retry, task_id)
+        for it (a task running elsewhere is simply unavailable). With every slot taken it waits
+        for a free one, as a due retry does."""
+        if self.running:
+            self._schedule_retry(task_id, 0)
 
     async def _abandon(self, task_id: str, reason: str) -> None:
         scope = self._retry_scopes.pop(task_id, None)
