@@ -173,3 +173,25 @@ async def test_discovery_documents_only_over_https_except_on_loopback(
         await credentials._discover(None, "http://mcp.invalid/mcp")
     assert credentials.token_endpoint is None
     assert auth_server.token_requests == []
+
+
+async def test_a_step_up_the_authorization_server_refuses_is_tried_once_per_call() -> None:
+    # The authorization server never grants files:sign: each call gets one step-up (one token
+    # request, one retry) and then the 403 as an error, never a loop.
+    server = TestAuthorizationServer(client_scopes={"test-client": ["mcp", "files:write"]})
+    async with running_authorization_server(server), serve_protected(server) as endpoint:
+        credentials = ClientCredentials("test-client", "test-secret")
+        async with connect(endpoint.url, auth=credentials) as client:
+            assert len(server.token_requests) == 1
+            with pytest.raises(InvalidRequestError, match="Forbidden"):
+                await client.call_tool("sign", {"path": "p"})
+            assert len(server.token_requests) == 2
+            assert server.token_requests[-1]["scope"] == "files:sign files:write mcp"
+            assert credentials.granted == frozenset({"mcp", "files:write"})
+            with pytest.raises(InvalidRequestError, match="Forbidden"):
+                await client.call_tool("sign", {"path": "p"})
+            assert len(server.token_requests) == 3
+            # What the token does cover still works, without another token request.
+            written = await client.call_tool("write", {"path": "q"})
+            assert written.content[0]["text"] == "wrote q"
+            assert len(server.token_requests) == 3
