@@ -120,9 +120,20 @@ def register_bench(commands: Any, common: Callable[[argparse.ArgumentParser], No
     idle.add_argument(
         "--store", default="sqlite:auto", help="sqlite:auto (a fresh file), sqlite:PATH, ..."
     )
-    idle.add_argument("--tasks", type=_positive, default=20_000)
+    idle.add_argument(
+        "--suspended",
+        action="store_true",
+        help="waiting tasks suspended (durable sleeps, input waits) vs held by their attempts:"
+        " the same as `bench suspended` (--tasks 10000 --baseline-tasks 1000 --seconds 12)",
+    )
+    idle.add_argument("--tasks", type=_positive, default=None, help="20000 (--suspended: 10000)")
     idle.add_argument("--clients", type=_positive, default=16)
-    idle.add_argument("--seconds", type=_positive_float, default=60.0, help="measured window")
+    idle.add_argument(
+        "--seconds",
+        type=_positive_float,
+        default=None,
+        help="measured window: 60 (--suspended: 12)",
+    )
     idle.add_argument(
         "--settle-seconds", type=float, default=5.0, help="after every task runs, before the window"
     )
@@ -131,8 +142,8 @@ def register_bench(commands: Any, common: Callable[[argparse.ArgumentParser], No
     idle.add_argument(
         "--baseline-tasks",
         type=int,
-        default=2_000,
-        help="tasks of the per-attempt-renewal baseline (0: none)",
+        default=None,
+        help="tasks of the per-attempt-renewal baseline (0: none): 2000 (--suspended: 1000)",
     )
     idle.set_defaults(handler=_handle_idle)
     listen = kinds.add_parser(
@@ -298,5 +309,15 @@ def _handle_soak(args: argparse.Namespace) -> int:
 def _handle_idle(args: argparse.Namespace) -> int:
     from stress.bench.idle import bench_idle, main_params
 
+    if args.suspended:
+        args.tasks = 10_000 if args.tasks is None else args.tasks
+        args.baseline_tasks = 1_000 if args.baseline_tasks is None else args.baseline_tasks
+        args.seconds = 12.0 if args.seconds is None else args.seconds
+        if args.baseline_tasks <= 0:
+            raise SystemExit("bench idle --suspended: --baseline-tasks must be positive")
+        return _handle_suspended(args)
+    args.tasks = 20_000 if args.tasks is None else args.tasks
+    args.baseline_tasks = 2_000 if args.baseline_tasks is None else args.baseline_tasks
+    args.seconds = 60.0 if args.seconds is None else args.seconds
     params = main_params(args)
     return _run(args, lambda: bench_idle(params))

@@ -180,6 +180,17 @@ def test_bench_suspended_smoke() -> None:
     assert held["runnerTrioTasks"] == held["runnerTrioTasksBefore"] + 40
 
 
+@pytest.mark.skipif(not HAS_SQLITE, reason="the SQLite store is not installed")
+def test_bench_idle_suspended_is_bench_suspended() -> None:
+    """The issue's spelling, ``bench idle --suspended``, runs the same benchmark."""
+    result = bench(
+        "idle", "--suspended", "--tasks", "300", "--baseline-tasks", "20", "--seconds", "1"
+    )
+    assert (result["name"], result["target_met"]) == ("suspended", True)
+    assert (result["tritask"]["tasks"], result["baseline"]["tasks"]) == (300, 20)
+    assert result["tritask"]["writeCallsDuringIdle"] == 0
+
+
 @pytest.mark.skipif(not HAS_SQLITE, reason="tritask_sqlite is not installed")
 def test_bench_queue_smoke() -> None:
     """Four times max_jobs submitted at once: every one accepted (none refused), the queue
