@@ -1089,6 +1089,32 @@ class StoreContract:
             done = await self.applied(store, "task-1", 0, mine, WorkerAuthority(new))
             assert done.snapshot.steps["charge"]["outcome"] == {"result": "live"}
 
+    async def test_a_step_after_the_attempt_suspended_and_released_is_refused(self) -> None:
+        """A zombie of an attempt that suspended (its claim released, nobody claimed since)
+        or whose lease expired unclaimed cannot record a step, a sleep or another suspension."""
+        async with self.store() as store:
+            await self.create(store, "task-1")
+            await self.create(store, "task-2")
+            lease = await self.claimed(store, "task-1")
+            worker = WorkerAuthority(lease)
+            await self.applied(store, "task-1", 0, Event.sleep_scheduled("nap", 60_000), worker)
+            suspended = await self.applied(store, "task-1", 1, Event.suspended("nap"), worker)
+            await store.release(lease)
+            expired = WorkerAuthority(await self.claimed(store, "task-2"))
+            await self.advance(LEASE_MS)
+            late = [
+                Event.step_recorded("charge", "fp", {"result": "zombie"}),
+                Event.step_started("charge", "fp"),
+                Event.sleep_scheduled("again", 1000),
+            ]
+            for event in late:
+                for task_id, authority in (("task-1", worker), ("task-2", expired)):
+                    revision = 2 if task_id == "task-1" else 0
+                    with pytest.raises(StaleLease):
+                        await store.transition(task_id, revision, event, authority)
+            assert await self.get_snapshot(store, "task-1") == suspended.snapshot
+            assert (await self.get_snapshot(store, "task-2")).steps == {}
+
     async def test_a_step_resent_after_a_lost_acknowledgement_replays(self) -> None:
         async with self.store() as store:
             await self.create(store, "task-1")
