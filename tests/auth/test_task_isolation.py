@@ -207,3 +207,83 @@ async def test_the_raw_token_reaches_no_store_row_work_context_or_log(
     assert token not in logged and signature not in logged
     # The principal is what the store scopes by.
     assert '{"client_id":"cli","iss":"' + auth_server.issuer + '","sub":"alice"}' in dump
+
+
+async def _legacy_exchange(
+    endpoint: Endpoint, token: str, session: dict[str, str], message: dict[str, Any]
+) -> list[Any]:
+    """The messages of a legacy POST, up to its response or a server request."""
+    headers = {
+        **session,
+        "content-type": "application/json",
+        "accept": "application/json, text/event-stream",
+        "authorization": f"Bearer {token}",
+    }
+    messages: list[Any] = []
+    with trio.fail_after(10):
+        async with endpoint.client.stream(
+            "POST", endpoint.url, content=json.dumps(message).encode(), headers=headers
+        ) as response:
+            if response.headers["content-type"] == "application/json":
+                return [json.loads(await response.aread())]
+            async for line in response.aiter_lines():
+                if line.startswith("data:") and line[5:].strip():
+                    messages.append(json.loads(line[5:]))
+                    if "method" in messages[-1] or messages[-1].get("id") == message["id"]:
+                        break
+    return messages
+
+
+async def test_answering_through_a_legacy_session_needs_the_tools_scopes_too(
+    auth_server: TestAuthorizationServer, probe: Probe
+) -> None:
+    # A 2025-11-25 session's tasks/result asks the client for the task's input and hands the
+    # answer to the task: that acts on the tool as tasks/update does, so the same principal
+    # with a token lacking the tool's scope must not get (nor answer) the input request.
+    async with serve_protected(auth_server, probe) as endpoint:
+        writer = mint(auth_server, endpoint, scope="mcp files:write")
+        reader = mint(auth_server, endpoint, scope="mcp")
+        initialize = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {"elicitation": {}, "tasks": {"list": {}, "cancel": {}}},
+                "clientInfo": {"name": "t", "version": "1"},
+            },
+        }
+        opened = await endpoint.post(initialize, writer, modern=False)
+        assert opened.status_code == 200, opened.text
+        session = {
+            "mcp-session-id": opened.headers["mcp-session-id"],
+            "mcp-protocol-version": "2025-11-25",
+        }
+        create = {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "tools/call",
+            "params": {"name": "ask", "arguments": {}, "task": {}},
+        }
+        created = await _legacy_exchange(endpoint, writer, session, create)
+        task_id = created[-1]["result"]["task"]["taskId"]
+        with trio.fail_after(10):
+            await probe.asked.wait()
+        result = {
+            "jsonrpc": "2.0",
+            "id": 3,
+            "method": "tasks/result",
+            "params": {"taskId": task_id},
+        }
+        messages = await _legacy_exchange(endpoint, reader, session, result)
+        assert [m.get("method") for m in messages] == [None], messages
+        error = messages[0]["error"]
+        assert error["code"] == -32600
+        assert error["data"]["error"] == "insufficient_scope"
+        assert error["data"]["scope"] == "files:write"
+        got = {"jsonrpc": "2.0", "id": 4, "method": "tasks/get", "params": {"taskId": task_id}}
+        (status,) = await _legacy_exchange(endpoint, reader, session, got)
+        assert status["result"]["status"] == "input_required"
+        # With the tool's scope, the same request is asked the input.
+        asked = await _legacy_exchange(endpoint, writer, session, {**result, "id": 5})
+        assert asked[-1]["method"] == "elicitation/create"

@@ -71,6 +71,7 @@ from tritask.jsonrpc import (
     JSONValue,
     MethodNotFound,
 )
+from tritask.protocol.auth import InsufficientScope
 from tritask.protocol.legacy import legacy_result
 from tritask.server.context import Context
 from tritask.server.extension import CallNext, MethodHandler, ToolCall
@@ -390,6 +391,7 @@ class LegacyTasks:
         watch = _Watch()
         watches = self._watches.setdefault(task_id, set())
         watches.add(watch)
+        refused: frozenset[str] | None = None
         try:
             async with trio.open_nursery() as nursery:
                 snapshot = await store.get(task_id, access)
@@ -397,6 +399,14 @@ class LegacyTasks:
                     if isinstance(snapshot, NotFound) or snapshot.task.status.is_terminal:
                         nursery.cancel_scope.cancel()
                         return snapshot
+                    if snapshot.task.input_requests and ctx.auth is not None:
+                        # Answering acts on the task's tool, as tasks/update does: the
+                        # token must carry that tool's scopes to be asked at all.
+                        needed = self.tasks.creating_tool_scopes(snapshot)
+                        if not ctx.auth.has_scopes(needed):
+                            refused = needed
+                            nursery.cancel_scope.cancel()
+                            break
                     for key, request in snapshot.task.input_requests.items():
                         if key not in follow.answered and self._claim(task_id, key):
                             nursery.start_soon(
@@ -407,6 +417,8 @@ class LegacyTasks:
                         snapshot = await store.get(task_id, access)
                     elif newer.revision > snapshot.revision:
                         snapshot = newer
+            assert refused is not None  # the loop is left only by return or this break
+            raise InsufficientScope(refused)
         finally:
             watches.discard(watch)
             if not watches:
