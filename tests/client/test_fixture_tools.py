@@ -84,15 +84,22 @@ async def test_partial_input_with_an_explicit_handle(transport: str, served: Ser
             call = await client.start_tool("multi_input")
             assert call.task is not None and call.task_id is not None
             seen: list[tuple[str, tuple[str, ...]]] = []
+            answered: list[str] = []
             async with aclosing(call.updates()) as updates:
                 async for state in updates:
                     keys = tuple(sorted(state.input_requests))
                     seen.append((state.status, keys))
-                    if state.status == "input_required" and len(keys) == 2:
+                    # The tool asks its two questions from two trio tasks, so either may be
+                    # committed first: the first answer waits until both are open.
+                    if state.status != "input_required":
+                        continue
+                    if len(keys) == 2 and not answered:
+                        answered.append("first-input")
                         await call.respond(
                             "first-input", {"action": "accept", "content": {"name": "partial-1"}}
                         )
-                    elif state.status == "input_required" and keys == ("second-input",):
+                    elif keys == ("second-input",) and answered == ["first-input"]:
+                        answered.append("second-input")
                         await call.respond(
                             "second-input", {"action": "accept", "content": {"name": "partial-2"}}
                         )
