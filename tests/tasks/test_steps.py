@@ -1061,6 +1061,10 @@ async def test_a_sync_step_runs_in_a_thread_and_sees_the_cancel_flag() -> None:
     def quick(amount: int) -> int:
         return amount * 2
 
+    async def async_double(amount: int) -> int:
+        ran.append("async body")  # never: a coroutine function is refused for a thread
+        return amount * 2
+
     async with trio.open_nursery() as nursery:
         env = await start_env(nursery, task_support={"pay": "required", "double": "required"})
 
@@ -1069,6 +1073,8 @@ async def test_a_sync_step_runs_in_a_thread_and_sees_the_cancel_flag() -> None:
             value = await ctx.step("double", quick, amount, thread=True)
             with pytest.raises(TypeError, match="must be async"):
                 await ctx.step("not-async", quick, amount)
+            with pytest.raises(TypeError, match="thread=True runs a sync function"):
+                await ctx.step("async-in-thread", async_double, amount, thread=True)
             return str(value)
 
         @env.app.tool(name="pay", description="Pay in a thread")

@@ -1619,6 +1619,11 @@ class Runner:
                 "a step function must be async; run a sync one with thread=True "
                 "(it runs in a worker thread and may poll ctx.cancelled)"
             )
+        if thread and _is_async(fn):
+            raise TypeError(
+                "thread=True runs a sync function in a worker thread; await an async one "
+                "without it (in the thread it would only make a coroutine, never run)"
+            )
         self._use_key(job, key, "ctx.step")
         if fingerprint is None:
             fingerprint = step_fingerprint(key, args, kwargs)
