@@ -767,6 +767,43 @@ async def test_waiting_for_input_suspends_and_an_answer_resumes_the_task(
     assert [md["outcome"] for md in stops] == ["suspended", "completed"]
 
 
+async def test_suspended_tasks_keep_at_most_max_queued_contexts_request_contexts(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A suspended task holds no runner memory beyond a bounded number of request contexts:
+    the first two suspended here resume with theirs (the client's capabilities), the others
+    with a context rebuilt from their work, as on another host; none is kept once all end."""
+    env = await start_env(
+        nursery,
+        task_support={"ask": "optional"},
+        runner_options={"suspend_input_after_ms": 1_000, "max_queued_contexts": 2},
+    )
+
+    @env.app.tool(name="ask", description="Ask, then say whether the request's context is kept")
+    async def ask(ctx: Context, n: int) -> str:
+        await ctx.await_input("ok", elicitation("Ok?", {"type": "object"}))
+        return f"{n} {ctx.has_capability('elicitation')}"
+
+    caps: dict[str, Any] = {"extensions": {"io.modelcontextprotocol/tasks": {}}, "elicitation": {}}
+    ids = []
+    for n in range(4):
+        ids.append(await env.create("ask", {"n": n}, caps=caps))
+        await env.wait_status(ids[-1], "input_required", caps=caps)
+        await trio.sleep(1.5)  # suspended, in this order
+        await wait_stops(env.events, ids[-1])
+    assert env.runner.active_task_ids() == []
+    texts = []
+    for task_id in ids:
+        answer = {"action": "accept", "content": {}}
+        await env.result(
+            "tasks/update", {"taskId": task_id, "inputResponses": {"ok": answer}}, caps=caps
+        )
+        detail = await env.wait_status(task_id, "completed", caps=caps)
+        texts.append(detail["result"]["content"][0]["text"])
+    assert texts == ["0 True", "1 True", "2 False", "3 False"]
+    assert env.runner._contexts == {}
+
+
 async def test_an_answer_through_another_runner_resumes_a_task_suspended_for_input(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -348,9 +348,12 @@ class Runner:
         self.max_queued_contexts = max_queued_contexts
         self._jobs: dict[str, _Job] = {}
         self._contexts: dict[str, Context] = {}
-        # Queued tasks hold no trio task and no runner memory, except the request contexts
-        # of at most max_queued_contexts of them (the first queued: FIFO starts them first).
+        # Queued and suspended tasks hold no trio task and no runner memory, except the
+        # request contexts of at most max_queued_contexts of them together (the first queued:
+        # FIFO starts them first; the first suspended). Beyond that a task resumes with a
+        # context rebuilt from its work, as it would on another host.
         self._queued_contexts: set[str] = set()
+        self._parked_contexts: set[str] = set()
         self._queued_here = 0
         # Whether the store may hold claimable work this runner has not asked for yet: set by
         # a task queued here, a store signal or wake-up, a claim_next that found work; cleared
@@ -522,7 +525,33 @@ class Runner:
         if self._watchers and not self._store_changes:
             self._announce(TaskChange.of(snapshot))
 
+    def _park_context(self, task_id: str) -> None:
+        """Keep a suspended task's request context for its resumption here, within the bound."""
+        if task_id not in self._contexts or task_id in self._queued_contexts:
+            return
+        if len(self._queued_contexts) + len(self._parked_contexts) < self.max_queued_contexts:
+            self._parked_contexts.add(task_id)
+        else:
+            del self._contexts[task_id]
+
+    def _forget_context(self, task_id: str) -> None:
+        self._contexts.pop(task_id, None)
+        self._queued_contexts.discard(task_id)
+        self._parked_contexts.discard(task_id)
+
     def _announce(self, change: TaskChange) -> None:
+        # A task that ended or was reaped elsewhere (another runner, another host) needs no
+        # context kept here any more.
+        task_id = change.task_id
+        if (
+            task_id is not None
+            and task_id in self._contexts
+            and task_id not in self._jobs
+            and (
+                change.kind == "reaped" or (change.status is not None and change.status.is_terminal)
+            )
+        ):
+            self._forget_context(task_id)
         for listener in list(self._watchers):
             try:
                 listener(change)
@@ -782,7 +811,8 @@ class Runner:
         slot frees here, and claim at once if a slot is free (its key was full, say)."""
         self._queued_here += 1
         self._backlog = True
-        if context is not None and len(self._queued_contexts) < self.max_queued_contexts:
+        kept = len(self._queued_contexts) + len(self._parked_contexts)
+        if context is not None and kept < self.max_queued_contexts:
             self._contexts[task_id] = context
             self._queued_contexts.add(task_id)
         if self._free_slots() > 0:
@@ -843,8 +873,7 @@ class Runner:
             scope.cancel()
         with contextlib.suppress(ValueError):
             self._awaiting_slot.remove(task_id)
-        self._contexts.pop(task_id, None)
-        self._queued_contexts.discard(task_id)
+        self._forget_context(task_id)
         job = self._jobs.get(task_id)
         if job is not None:
             await self._stop_job(job, reason)
@@ -894,6 +923,7 @@ class Runner:
                 return
             except Exception:
                 log.exception("renewing the reclaimed lease of task %s failed", lease.task_id)
+        self._parked_contexts.discard(lease.task_id)
         if lease.task_id in self._queued_contexts:
             self._queued_contexts.discard(lease.task_id)
             source = "queue"  # queued here, and its request context kept
@@ -1272,9 +1302,10 @@ class Runner:
             },
         )
         if job.terminal:
-            self._contexts.pop(job.task_id, None)
+            self._forget_context(job.task_id)
         job.done.set()
         if job.stop_reason == "suspended":
+            self._park_context(job.task_id)
             if job.wake_delay_ms is not None:
                 self._wake_later(job.task_id, job.wake_delay_ms)
             elif released == "ok":
