@@ -348,6 +348,43 @@ async def test_step_failed_is_recorded_and_raised_again_identically(
     assert snapshot.task.error == error
 
 
+async def test_a_step_failed_in_an_executors_nursery_fails_the_task_with_its_error(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Steps a WorkExecutor runs side by side: the group trio raises, holding only the step's
+    StepFailed, fails the task with that step's error (as it does for a tool), not as an
+    executor crash; a group holding anything else is still an executor failure."""
+    store = MemoryStore(scope="shared", clock=TrioClock(START_US))
+
+    async def declined() -> None:
+        raise StepFailed("card declined", code=-32001)
+
+    async def fine() -> int:
+        return 1
+
+    async def crash() -> None:
+        raise RuntimeError("boom")
+
+    async def script(work: Work, token: ExecutionToken) -> Any:
+        second = crash if token.task_id == "t2" else fine
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(token.step, "charge", declined)
+            nursery.start_soon(token.step, "other", second)
+        return done("never")
+
+    runner, _ = make_runner(store, script)
+    async with runner:
+        await create_raw(store, runner, "t1")
+        await create_raw(store, runner, "t2")
+        failed = await final(store, "t1")
+        crashed = await final(store, "t2")
+    assert failed.task.status is TaskStatus.FAILED
+    assert failed.task.error == {"code": -32001, "message": "card declined"}
+    assert crashed.task.status is TaskStatus.FAILED
+    assert crashed.task.error is not None
+    assert crashed.task.error["message"] == "Durable task executor failed"
+
+
 async def test_at_most_once_commits_a_marker_and_an_interrupted_step_is_reported(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

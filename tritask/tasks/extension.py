@@ -51,7 +51,7 @@ from tritask.tasks.legacy import LegacyTasks, TaskSupport
 from tritask.tasks.model import Snapshot, Task, create_task_result, detailed_task, new_task
 from tritask.tasks.reducer import DuplicateInputKey
 from tritask.tasks.runner import Runner, RunnerNotRunning
-from tritask.tasks.steps import StepError
+from tritask.tasks.steps import StepError, only_step_errors
 from tritask.tasks.store import (
     Action,
     CapacityExceeded,
@@ -262,15 +262,11 @@ class ToolCallExecutor:
         except StepError as error:
             return Failed(error.to_error(), str(error))
         except ExceptionGroup as group:
-            step_errors, rest = group.split(StepError)
-            if step_errors is None or rest is not None:
+            step_error = only_step_errors(group)
+            if step_error is None:
                 log.exception("task tool %s raised (task %s)", tool.name, token.task_id)
                 return Failed(internal_error("Task tool failed"), "Task tool failed")
-            first: BaseException = step_errors
-            while isinstance(first, BaseExceptionGroup):
-                first = first.exceptions[0]
-            assert isinstance(first, StepError)
-            return Failed(first.to_error(), str(first))
+            return Failed(step_error.to_error(), str(step_error))
         except JsonRpcError as error:
             return Failed(error.to_error(), error.message)
         except RetryLater as error:

@@ -65,6 +65,7 @@ from tritask.tasks.steps import (
     StepTooLarge,
     check_step_key,
     check_step_options,
+    only_step_errors,
     step_fingerprint,
 )
 from tritask.tasks.store import (
@@ -1224,6 +1225,12 @@ class Runner:
             value = await executor.execute(job.work, job.token, self.executor_state)
         except StepError as error:  # a step of a WorkExecutor (token.step) failed the task
             return Failed(error.to_error(), str(error))
+        except ExceptionGroup as group:  # steps run in the executor's nursery
+            step_error = only_step_errors(group)
+            if step_error is not None:
+                return Failed(step_error.to_error(), str(step_error))
+            log.exception("executor failed for task %s", job.task_id)
+            return Failed(internal_error(EXECUTOR_FAILED), EXECUTOR_FAILED)
         except Exception:
             log.exception("executor failed for task %s", job.task_id)
             return Failed(internal_error(EXECUTOR_FAILED), EXECUTOR_FAILED)

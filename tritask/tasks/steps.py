@@ -32,6 +32,7 @@ __all__ = [
     "StepTooLarge",
     "check_step_key",
     "check_step_options",
+    "only_step_errors",
     "step_fingerprint",
 ]
 
@@ -179,3 +180,15 @@ def check_step_options(
     if semantics not in ("at_least_once", "at_most_once"):
         raise ValueError("semantics must be 'at_least_once' or 'at_most_once'")
     return timeout_s, delays
+
+
+def only_step_errors(group: BaseExceptionGroup[BaseException]) -> StepError | None:
+    """The first :class:`StepError` of a group that holds nothing else (steps a tool ran in a
+    nursery), else ``None``: such a group fails the task with that step's own error."""
+    step_errors, rest = group.split(StepError)
+    if step_errors is None or rest is not None:
+        return None
+    first: BaseException = step_errors
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    return first if isinstance(first, StepError) else None
