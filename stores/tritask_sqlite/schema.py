@@ -37,7 +37,9 @@ __all__ = [
 APPLICATION_ID = 0x54524954
 """``PRAGMA application_id`` of a tritask store: the bytes ``TRIT``."""
 
-TABLES = frozenset({"tritask_metadata", "tritask_tasks", "tritask_task_events"})
+TABLES = frozenset(
+    {"tritask_metadata", "tritask_tasks", "tritask_task_events", "tritask_owner_leases"}
+)
 
 _MIGRATION_NAME = re.compile(r"([0-9]{4})_[a-z0-9_]+\.sql")
 

@@ -172,21 +172,33 @@ _ACTIVE = "status IN ('working', 'input_required')"
 _COLUMNS = (
     "task_id, record_version, record, scope, revision, status, created_at_us, expires_at_us,"
     " retry_at_us, claim_owner, claim_token, lease_generation, claim_expires_at_us, claim_epoch,"
-    " queued_message, concurrency_key, concurrency_limit"
+    " queued_message, concurrency_key, concurrency_limit, claim_follows"
 )
-_SELECT = f"SELECT {_COLUMNS} FROM tritask_tasks"
-_INSERT_TASK = f"INSERT INTO tritask_tasks ({_COLUMNS}) VALUES ({', '.join('?' * 17)})"
+#: The expiry of the owner's lease row, for a claim that follows it (``NULL`` otherwise, and
+#: for a following claim whose owner row is gone, which is then expired: see ``_EXPIRES``).
+_OWNER_EXPIRY = (
+    "(SELECT o.lease_expires_at_us FROM tritask_owner_leases o"
+    " WHERE claim_follows = 1 AND o.owner_id = claim_owner)"
+)
+#: A claim's effective expiry (schema 4): its owner's lease row when it follows it (batch
+#: renewal writes that one row), else its own ``claim_expires_at_us``. Every predicate that
+#: decides whether a claim is live uses this, never the column alone.
+_EXPIRES = (
+    f"(CASE claim_follows WHEN 1 THEN coalesce({_OWNER_EXPIRY}, 0) ELSE claim_expires_at_us END)"
+)
+_SELECT = f"SELECT {_COLUMNS}, {_OWNER_EXPIRY} FROM tritask_tasks"
+_INSERT_TASK = f"INSERT INTO tritask_tasks ({_COLUMNS}) VALUES ({', '.join('?' * 18)})"
 #: Claimable now (the status, the retry deadline, no live claim of this boot epoch); the
 #: record decides again (``_eligibility``).
 _CLAIMABLE = (
     f"{_ACTIVE} AND (retry_at_us IS NULL OR retry_at_us <= :now)"
-    " AND (claim_token IS NULL OR claim_expires_at_us <= :now OR claim_epoch <> :epoch)"
+    f" AND (claim_token IS NULL OR {_EXPIRES} <= :now OR claim_epoch <> :epoch)"
 )
 #: The live claims of each concurrency key (few rows: at most one per running attempt).
 _KEY_CLAIMS = (
     "SELECT concurrency_key, count(*) FROM tritask_tasks"
     " WHERE concurrency_key IS NOT NULL AND claim_token IS NOT NULL"
-    " AND claim_expires_at_us > :now AND claim_epoch = :epoch GROUP BY concurrency_key"
+    f" AND {_EXPIRES} > :now AND claim_epoch = :epoch GROUP BY concurrency_key"
 )
 _INSERT_EVENT = (
     "INSERT INTO tritask_task_events (task_id, event_id, event, event_kind,"
@@ -223,7 +235,7 @@ _PLANNED_SETTLE_DDL = (
     " UPDATE tritask_tasks SET record_version = NEW.record_version,"
     " record = NEW.record, revision = NEW.revision, status = NEW.status,"
     " retry_at_us = NEW.retry_at_us, claim_owner = NULL, claim_token = NULL,"
-    " claim_expires_at_us = NULL, claim_epoch = NULL"
+    " claim_expires_at_us = NULL, claim_epoch = NULL, claim_follows = 0"
     " WHERE task_id = NEW.task_id AND "
     + " AND ".join(f"{name} IS NEW.old_{name}" for name in _OLD_COLUMNS)
     + " AND EXISTS (SELECT 1 FROM tritask_task_events e WHERE e.task_id = NEW.task_id"
@@ -247,10 +259,10 @@ _WRITE = (
 _WRITE_RELEASING = (
     "UPDATE tritask_tasks SET record_version = ?, record = ?, revision = ?, status = ?,"
     " retry_at_us = ?, claim_owner = NULL, claim_token = NULL, claim_expires_at_us = NULL,"
-    " claim_epoch = NULL WHERE task_id = ? AND revision = ?"
+    " claim_epoch = NULL, claim_follows = 0 WHERE task_id = ? AND revision = ?"
 )
 _SELECT_SEEN = (
-    f"SELECT {_COLUMNS}, EXISTS (SELECT 1 FROM tritask_task_events e"
+    f"SELECT {_COLUMNS}, {_OWNER_EXPIRY}, EXISTS (SELECT 1 FROM tritask_task_events e"
     " WHERE e.task_id = t.task_id AND e.event_id = ?) FROM tritask_tasks t WHERE t.task_id = ?"
 )
 #: An operator's page of tasks (``ListsTasks.list_tasks``): every filter is a parameter that
@@ -265,38 +277,37 @@ _LIST = (
     "      AND json_extract(record, '$.work.input.name') = :tool))"
     " ORDER BY created_at_us, task_id LIMIT :limit"
 )
-#: ``renew_all``: the batch goes into a connection-local TEMP table (``executemany``, no JSON to
-#: build or parse), then one ``UPDATE ... FROM`` gives every lease that is exactly its task's live
-#: claim of this owner and epoch its new token and expiry; the rows it renewed come back with
-#: their revision. Only the claim columns are read and written (no record is decoded).
-_RENEWALS_TABLE = (
-    "CREATE TEMP TABLE IF NOT EXISTS tritask_renewals (task_id TEXT PRIMARY KEY NOT NULL,"
-    " token TEXT NOT NULL, generation INTEGER NOT NULL, expires_at INTEGER NOT NULL,"
-    " new_token TEXT NOT NULL) WITHOUT ROWID"
+#: ``renew_all`` (schema 4): an owner's claims, from the covering index
+#: ``tritask_tasks_owner_claims`` (no task row, no record read). A renewed claim follows its
+#: owner's row in ``tritask_owner_leases``, so a heartbeat writes that one row, not every task's.
+_OWNER_CLAIMS = (
+    "SELECT task_id, claim_token, lease_generation, claim_expires_at_us, claim_epoch,"
+    " claim_follows, revision FROM tritask_tasks WHERE claim_owner = ?"
 )
-_RENEWALS_INSERT = "INSERT INTO temp.tritask_renewals VALUES (?, ?, ?, ?, ?)"
-_RENEWALS_CLEAR = "DELETE FROM temp.tritask_renewals"
-_RENEW_ALL = (
-    "UPDATE tritask_tasks AS t SET claim_token = b.new_token, claim_expires_at_us = :expires_at"
-    " FROM temp.tritask_renewals AS b"
-    " WHERE t.task_id = b.task_id AND t.claim_owner = :owner AND t.claim_token = b.token"
-    " AND t.lease_generation = b.generation AND t.claim_expires_at_us = b.expires_at"
-    " AND t.claim_epoch = :epoch AND t.claim_expires_at_us > :now"
-    " RETURNING task_id, revision"
+_OWNER_LEASE = "SELECT lease_expires_at_us FROM tritask_owner_leases WHERE owner_id = ?"
+_SET_OWNER_LEASE = (
+    "INSERT INTO tritask_owner_leases (owner_id, lease_expires_at_us) VALUES (?, ?)"
+    " ON CONFLICT (owner_id) DO UPDATE SET lease_expires_at_us = excluded.lease_expires_at_us"
 )
+_DROP_OWNER_LEASE = "DELETE FROM tritask_owner_leases WHERE owner_id = ?"
+#: A following claim the batch does not renew keeps its expiry as its own.
+_DETACH = "UPDATE tritask_tasks SET claim_follows = 0, claim_expires_at_us = ? WHERE task_id = ?"
+#: A renewed claim that had its own expiry (new since the last batch, or renewed alone): a
+#: fresh token too, so the old value is stale even at the instant of its claim.
+_ATTACH = "UPDATE tritask_tasks SET claim_follows = 1, claim_token = ? WHERE task_id = ?"
 #: When ``claim_next`` found nothing: the first instant at which an active task could become
 #: claimable without any write (a retry falling due, a live claim of this epoch lapsing; the
 #: claim query's own predicate, turned into a time). ``:now`` for a row the predicate already
 #: admits (the record refused it), ``NULL`` without active tasks.
 _NEXT_CLAIMABLE = (
     f"SELECT min(CASE WHEN claim_token IS NOT NULL AND claim_epoch = :epoch"
-    " AND claim_expires_at_us > :now THEN max(claim_expires_at_us, coalesce(retry_at_us, 0))"
+    f" AND {_EXPIRES} > :now THEN max({_EXPIRES}, coalesce(retry_at_us, 0))"
     " WHEN retry_at_us > :now THEN retry_at_us ELSE :now END)"
     f" FROM tritask_tasks WHERE {_ACTIVE}"
 )
 _CLEAR_CLAIM = (
     "UPDATE tritask_tasks SET claim_owner = NULL, claim_token = NULL,"
-    " claim_expires_at_us = NULL, claim_epoch = NULL WHERE task_id = ?"
+    " claim_expires_at_us = NULL, claim_epoch = NULL, claim_follows = 0 WHERE task_id = ?"
 )
 
 
@@ -839,7 +850,7 @@ class SqliteStore:
         """Decode a row and check every projection and the claim shape against the record."""
         (task_id, record_version, record, scope, revision, status, created_at, expires_at) = raw[:8]
         (retry_at, owner, token, generation, claim_expires_at, claim_epoch) = raw[8:14]
-        (queued_message, concurrency_key, concurrency_limit) = raw[14:17]
+        (queued_message, concurrency_key, concurrency_limit, follows, owner_expiry) = raw[14:19]
         try:
             if not isinstance(record, str):
                 raise CorruptRecord("the record column is not text")
@@ -858,6 +869,8 @@ class SqliteStore:
                     raise CorruptRecord(f"the {column} column disagrees with the record")
             if type(generation) is not int or generation < 0:
                 raise CorruptRecord("lease_generation is not an int >= 0")
+            if follows not in (0, 1) or type(follows) is not int:
+                raise CorruptRecord("claim_follows is not 0 or 1")
             claim: Lease | None = None
             if (owner, token, claim_expires_at, claim_epoch) != (None, None, None, None):
                 if not (
@@ -870,6 +883,12 @@ class SqliteStore:
                     and generation > 0
                 ):
                     raise CorruptRecord("the claim columns are not a valid claim")
+                if follows:
+                    # The owner's lease row is the claim's expiry; a following claim whose row
+                    # is gone is expired (as _EXPIRES says in SQL).
+                    claim_expires_at = 0 if owner_expiry is None else owner_expiry
+                    if type(claim_expires_at) is not int:
+                        raise CorruptRecord("the owner's lease expiry is not an int")
                 claim = Lease(
                     store_id=self._instance_id(claim_epoch),
                     task_id=task.id,
@@ -879,6 +898,8 @@ class SqliteStore:
                     expires_at=claim_expires_at,
                     epoch=claim_epoch,
                 )
+            elif follows:
+                raise CorruptRecord("claim_follows is set without a claim")
             if queued_message is not None:
                 if not isinstance(queued_message, str):
                     raise CorruptRecord("queued_message is not text")
@@ -1147,6 +1168,7 @@ class SqliteStore:
                 start_message if queue and lease is None else None,
                 key,
                 limit,
+                0,
             )
             try:
                 conn.execute(_INSERT_TASK, row)
@@ -1204,7 +1226,7 @@ class SqliteStore:
         params = {"now": now, "epoch": self._epoch, "key": key}
         (running,) = conn.execute(
             "SELECT count(*) FROM tritask_tasks WHERE concurrency_key = :key"
-            " AND claim_token IS NOT NULL AND claim_expires_at_us > :now AND claim_epoch = :epoch",
+            f" AND claim_token IS NOT NULL AND {_EXPIRES} > :now AND claim_epoch = :epoch",
             params,
         ).fetchone()
         if running >= limit:
@@ -1271,7 +1293,7 @@ class SqliteStore:
         if conn is not None and row.concurrency is not None:
             (running,) = conn.execute(
                 "SELECT count(*) FROM tritask_tasks WHERE concurrency_key = :key"
-                " AND claim_token IS NOT NULL AND claim_expires_at_us > :now"
+                f" AND claim_token IS NOT NULL AND {_EXPIRES} > :now"
                 " AND claim_epoch = :epoch",
                 {"key": row.concurrency.key, "now": now, "epoch": self._epoch},
             ).fetchone()
@@ -1302,7 +1324,7 @@ class SqliteStore:
         if row.queued_message is None:
             conn.execute(
                 "UPDATE tritask_tasks SET claim_owner = ?, claim_token = ?, lease_generation = ?,"
-                " claim_expires_at_us = ?, claim_epoch = ? WHERE task_id = ?",
+                " claim_expires_at_us = ?, claim_epoch = ?, claim_follows = 0 WHERE task_id = ?",
                 claim,
             )
             return Claimed(row.snapshot, lease)
@@ -1315,8 +1337,8 @@ class SqliteStore:
             snapshot = revise(snapshot, task=revise(task, status_message=message))
         conn.execute(
             "UPDATE tritask_tasks SET record = ?, queued_message = NULL, claim_owner = ?,"
-            " claim_token = ?, lease_generation = ?, claim_expires_at_us = ?, claim_epoch = ?"
-            " WHERE task_id = ?",
+            " claim_token = ?, lease_generation = ?, claim_expires_at_us = ?, claim_epoch = ?,"
+            " claim_follows = 0 WHERE task_id = ?",
             (_record_text(snapshot_to_json(snapshot)), *claim),
         )
         return Claimed(snapshot, lease)
@@ -1434,8 +1456,8 @@ class SqliteStore:
             self._check_lease(row, lease, now)
             renewed = attrs.evolve(lease, token=str(uuid.uuid4()), expires_at=now + lease_ms * 1000)
             conn.execute(
-                "UPDATE tritask_tasks SET claim_token = ?, claim_expires_at_us = ?"
-                " WHERE task_id = ?",
+                "UPDATE tritask_tasks SET claim_token = ?, claim_expires_at_us = ?,"
+                " claim_follows = 0 WHERE task_id = ?",
                 (renewed.token, renewed.expires_at, renewed.task_id),
             )
             return renewed
@@ -1445,8 +1467,16 @@ class SqliteStore:
     async def renew_all(
         self, owner_id: str, leases: list[Lease] | tuple[Lease, ...], lease_ms: int
     ) -> list[Renewed | LeaseLost]:
-        """Renew every lease of ``owner_id`` that is its task's live claim, in one ``UPDATE``
-        (in one transaction, one commit), whatever the batch's size."""
+        """Renew every lease of ``owner_id`` that is its task's live claim, in one transaction
+        (one commit) that writes the owner's lease row, whatever the batch's size.
+
+        Every renewed claim follows that row from then on (its token and generation stay its
+        own, on the task row: the renewed lease differs from the old value by its expiry,
+        which makes the old value stale). Only claims whose state changes are written: one
+        renewed for the first time since its claim (or since a renewal of its own) starts
+        following the row; one that follows it but is not renewed by this batch (left out,
+        stale in the batch, or another epoch's) keeps its current expiry as its own, so the
+        owner's row extends exactly the leases of the batch."""
         self._ensure_open()
         owner_id, batch, lease_ms = check_renewals(owner_id, leases, lease_ms)
         # Only a lease of this store, epoch and owner can match; each task once (the first
@@ -1460,30 +1490,51 @@ class SqliteStore:
         if not wanted:
             await trio.lowlevel.checkpoint()
             return results
-        # Fresh tokens (36 characters, as the claim columns require), one urandom call.
-        random = os.urandom(18 * len(wanted)).hex()
-        tokens = dict(
-            zip(wanted, (random[n : n + 36] for n in range(0, len(random), 36)), strict=True)
-        )
 
-        def body(conn: sqlite3.Connection, now: int) -> tuple[int, list[tuple[Any, ...]]]:
+        def body(
+            conn: sqlite3.Connection, now: int
+        ) -> tuple[int, list[tuple[str, int]], dict[str, str]]:
             expires_at = now + lease_ms * 1000
-            params = {"owner": owner_id, "epoch": epoch, "now": now, "expires_at": expires_at}
-            conn.execute(_RENEWALS_TABLE)
-            conn.execute(_RENEWALS_CLEAR)
-            conn.executemany(
-                _RENEWALS_INSERT,
-                (
-                    (task_id, lease.token, lease.generation, lease.expires_at, tokens[task_id])
-                    for task_id, lease in ((task_id, batch[i]) for task_id, i in wanted.items())
-                ),
-            )
-            try:
-                return expires_at, conn.execute(_RENEW_ALL, params).fetchall()
-            finally:
-                conn.execute(_RENEWALS_CLEAR)
+            found = conn.execute(_OWNER_LEASE, (owner_id,)).fetchone()
+            shared = 0 if found is None else found[0]
+            renewed: list[tuple[str, int]] = []
+            attach: list[str] = []
+            detach: list[tuple[int, str]] = []
+            get = wanted.get
+            for task_id, token, generation, own, claim_epoch, follows, revision in conn.execute(
+                _OWNER_CLAIMS, (owner_id,)
+            ):
+                expiry = shared if follows else own
+                index = get(task_id)
+                if index is not None:
+                    lease = batch[index]
+                    if (
+                        claim_epoch == epoch
+                        and now < expiry == lease.expires_at
+                        and token == lease.token
+                        and generation == lease.generation
+                    ):
+                        renewed.append((task_id, revision))
+                        if not follows:
+                            attach.append(task_id)
+                        continue
+                if follows:
+                    detach.append((expiry, task_id))
+            if detach:
+                conn.executemany(_DETACH, detach)
+            tokens: dict[str, str] = {}
+            if attach:
+                # Fresh tokens (36 characters, as the claim columns require), one urandom call.
+                text = os.urandom(18 * len(attach)).hex()
+                tokens = {task_id: text[36 * n : 36 * n + 36] for n, task_id in enumerate(attach)}
+                conn.executemany(_ATTACH, ((token, task_id) for task_id, token in tokens.items()))
+            if renewed:
+                conn.execute(_SET_OWNER_LEASE, (owner_id, expires_at))
+            elif found is not None:
+                conn.execute(_DROP_OWNER_LEASE, (owner_id,))  # nothing follows it any more
+            return expires_at, renewed, tokens
 
-        expires_at, renewed = await self._transact(body, write=True, frees_nothing=True)
+        expires_at, renewed, tokens = await self._transact(body, write=True, frees_nothing=True)
         recent = self._recent
         for task_id, revision in renewed:
             index = wanted[task_id]
@@ -1495,7 +1546,7 @@ class SqliteStore:
                     store_id=store_id,
                     task_id=task_id,
                     owner_id=owner_id,
-                    token=tokens[task_id],
+                    token=tokens.get(task_id, old.token),
                     generation=old.generation,
                     expires_at=expires_at,
                     epoch=epoch,

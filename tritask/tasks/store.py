@@ -382,8 +382,10 @@ LEASE_LOST: Final = LeaseLost.LEASE_LOST
 class Renewed:
     """One lease of a :meth:`RenewsLeases.renew_all` batch, renewed.
 
-    ``lease`` is the new value (a fresh token, the expiry the batch's one store instant plus
-    ``lease_ms``; owner, task, generation and epoch unchanged: the old value is now stale).
+    ``lease`` is the new value (the expiry the batch's one store instant plus ``lease_ms``;
+    owner, task, generation and epoch unchanged; a fresh token, or the same one when the new
+    expiry alone tells it apart, as on SQLite, whose batches extend one row per owner: the old
+    value is now stale either way).
     ``revision`` is the task's revision at that instant: a runner that sees a revision it did
     not write re-reads the task (an answer or a cancellation committed elsewhere).
     """
@@ -953,14 +955,16 @@ class RenewsLeases(Protocol):
 
     ``renew_all(owner_id, leases, lease_ms)`` answers, in the order of ``leases``, what
     ``renew(lease, lease_ms)`` would have for each of them, all decided at one store instant
-    ``now``: a :class:`Renewed` (the new lease expires at ``now + lease_ms``, with a fresh
-    token, and the task's revision) where ``lease`` is exactly the task's live claim and its
+    ``now``: a :class:`Renewed` (the new lease expires at ``now + lease_ms``, a value other
+    than the old one, which is then stale, and the task's revision) where ``lease`` is exactly
+    the task's live claim and its
     ``owner_id`` is ``owner_id``; :data:`LEASE_LOST` for anything else (a stale generation or
     token, an expired lease, a released claim, a deleted task, another store or owner). A lost
     lease changes nothing and never affects the others: an expired lease is not revived even if
     nobody claimed the task since. A task is renewed at most once per call: after the first
     lease that renews it, any other lease for the same task in the batch is lost (it is stale
-    by then, as it would be for a second ``renew``). An empty batch commits nothing.
+    by then, as it would be for a second ``renew``). A lease of the owner left out of the batch
+    keeps exactly the expiry it had. An empty batch commits nothing.
 
     Runners renew all their attempts' leases with one call per heartbeat when the store offers
     it, so idle cost is proportional to runners, not to running tasks; without it each attempt
