@@ -26,14 +26,18 @@ from tritask.tasks.model import Snapshot, TaskStatus, initial_snapshot, new_task
 from tritask.tasks.runner import Runner
 from tritask.tasks.store import (
     QUEUED_MESSAGE,
+    UNAVAILABLE,
     Action,
     Claimed,
     Concurrency,
+    Lease,
+    Renewed,
+    StaleLease,
     Store,
     WorkerAuthority,
 )
 from tritask.tasks.work import Work, canonical_json, stored_text
-from tritask.testing.store_contract import START
+from tritask.testing.store_contract import START, ManualClock
 
 __all__ = ["pg_schemas", "postgres_dsn"]
 
@@ -111,6 +115,80 @@ async def test_sqlite_records_of_schema_version_1_decode_after_the_migration(
 
 
 @pytest.mark.postgres
+async def test_sqlite_claims_of_schema_version_3_stay_live_after_the_owner_lease_migration(
+    tmp_path: Path,
+) -> None:
+    """A claim written by version 3 (its own expiry, no claim_follows column) is exactly as
+    live after 0004_owner_leases: refused to others until its expiry, usable by its holder,
+    renewed by a batch (then following the owner's row), claimable at the batch's expiry."""
+    path = tmp_path / "tasks.db"
+    token = "0123456789abcdef0123456789abcdef0123"
+    expiry = START + 30_000_000
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        for migration in migrations()[:3]:
+            for statement in migration.statements():
+                conn.execute(statement)
+        conn.execute(
+            "INSERT INTO tritask_metadata (singleton, schema_version, store_id)"
+            " VALUES (1, 3, '00000000-0000-4000-8000-000000000001')"
+        )
+        conn.execute(
+            "INSERT INTO tritask_tasks (task_id, record_version, record, scope, revision,"
+            " status, created_at_us, expires_at_us, retry_at_us, claim_owner, claim_token,"
+            " lease_generation, claim_expires_at_us, claim_epoch)"
+            " VALUES (?, 3, ?, ?, 0, 'working', ?, ?, NULL, 'owner-1', ?, 1, ?, 0)",
+            (
+                "old-1",
+                v1_record("old-1"),
+                '{"value":null,"version":1}',
+                START,
+                START + 6 * 10**8,
+                token,
+                expiry,
+            ),
+        )
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+    clock = ManualClock()
+    async with SqliteStore(path, scope="shared", clock=clock) as store:
+        assert store.boot_epoch == 0  # the epoch the claim was made in
+        assert await store.claim("old-1", "owner-2", 30_000) is UNAVAILABLE
+        lease = Lease(
+            store_id=f"sqlite:{store.store_id}/0",
+            task_id="old-1",
+            owner_id="owner-1",
+            token=token,
+            generation=1,
+            expires_at=expiry,
+            epoch=0,
+        )
+        assert isinstance(await store.worker_snapshot("old-1", lease), Snapshot)
+        clock.advance(10_000)
+        (renewed,) = await store.renew_all("owner-1", [lease], 30_000)
+        assert isinstance(renewed, Renewed)
+        assert renewed.lease.expires_at == START + 40_000_000
+        with pytest.raises(StaleLease):
+            await store.worker_snapshot("old-1", lease)
+        clock.advance(30_000 - 1)
+        assert await store.claim("old-1", "owner-2", 30_000) is UNAVAILABLE
+        clock.advance(1)
+        adopted = await store.claim("old-1", "owner-2", 30_000)
+        assert isinstance(adopted, Claimed) and adopted.lease.generation == 2
+    check = sqlite3.connect(path)
+    try:
+        assert check.execute("SELECT schema_version FROM tritask_metadata").fetchone() == (
+            SCHEMA_VERSION,
+        )
+        assert check.execute("SELECT claim_follows FROM tritask_tasks").fetchall() == [(0,)]
+    finally:
+        check.close()
+
+
 async def test_postgres_records_of_schema_version_1_decode_after_the_migration(
     pg_schemas: SchemaFactory,
 ) -> None:
