@@ -45,8 +45,8 @@ def test_matches(accepted: dict[str, Any], selector: dict[str, Any], expected: b
 
 
 def drain(subscription: Subscription) -> list[HubEvent]:
-    events = list(subscription._events)
-    subscription._events.clear()
+    events = list(subscription._events or ())
+    subscription._events = None
     return events
 
 
@@ -180,3 +180,19 @@ async def test_app_registrations_publish(make_app: Callable[..., App]) -> None:
         ("notifications/resources/list_changed", {}),
         ("notifications/resources/updated", {"uri": "demo://r"}),
     ]
+
+
+async def test_an_idle_stream_holds_no_buffer() -> None:
+    """A stream with nothing buffered keeps no deque (10,000 idle listen streams would hold
+    10,000 empty deques of 624 bytes); one is made for an event and dropped once it is taken."""
+    hub = Hub()
+    subscription = hub.open({"toolsListChanged": True})
+    assert subscription._events is None and subscription.pending == 0
+    assert hub.publish("notifications/tools/list_changed", {"n": 1}, {"toolsListChanged": True})
+    assert hub.publish("notifications/tools/list_changed", {"n": 2}, {"toolsListChanged": True})
+    assert subscription.pending == 2
+    first = await subscription.__anext__()
+    assert first.params == {"n": 1} and subscription.pending == 1
+    second = await subscription.__anext__()
+    assert second.params == {"n": 2}
+    assert subscription._events is None and subscription.pending == 0
