@@ -401,6 +401,45 @@ class Dispatcher:
         return {"completion": completion}
 
     async def _listen(self, params: dict[str, JSONValue], ctx: Context) -> dict[str, JSONValue]:
+        # What is built only to open the stream (the server's capabilities, the
+        # acknowledgement) lives in helpers' frames, not in this one, which lasts as long as
+        # the stream does (10,000 open streams would each hold a copy).
+        accepted = await self._listen_filter(params, ctx)
+        subscription_id = ctx.request_id
+        tag = {SUBSCRIPTION_ID_KEY: subscription_id}
+        subscription = self.app.hub.open(accepted)
+        try:
+            for extension in self.app.extensions.values():
+                extension.subscription_opened(subscription, ctx)
+            await ctx.send_notification(
+                "notifications/subscriptions/acknowledged",
+                {"_meta": dict(tag), "notifications": dict(accepted)},
+            )
+            await self._send_snapshots(accepted, ctx, tag)
+            async for event in subscription:
+                await self._deliver(event, subscription, ctx, tag)
+                # Hold nothing of a sent event while waiting for the next (an idle stream
+                # must not keep a task's state alive).
+                del event
+        finally:
+            self.app.hub.close_subscription(subscription)
+        return {"_meta": dict(tag)}
+
+    async def _send_snapshots(
+        self, accepted: dict[str, JSONValue], ctx: Context, tag: dict[str, JSONValue]
+    ) -> None:
+        """The extensions' current state for a new stream (sent after its acknowledgement)."""
+        for extension in self.app.extensions.values():
+            for method, params in await extension.subscription_snapshot(accepted, ctx):
+                snapshot_meta = params.get("_meta")
+                merged_meta = dict(snapshot_meta) if isinstance(snapshot_meta, dict) else {}
+                merged_meta.update(tag)
+                await ctx.send_notification(method, {**params, "_meta": merged_meta})
+
+    async def _listen_filter(
+        self, params: dict[str, JSONValue], ctx: Context
+    ) -> dict[str, JSONValue]:
+        """What a ``subscriptions/listen`` asks for that this server grants."""
         requested = params.get("notifications")
         if not isinstance(requested, dict):
             raise InvalidParams("subscriptions/listen requires a params.notifications object")
@@ -422,28 +461,7 @@ class Dispatcher:
                 accepted["resourceSubscriptions"] = list(dict.fromkeys(uris))
         for extension in self.app.extensions.values():
             accepted.update(await extension.subscription_filter(requested, ctx))
-        subscription_id = ctx.request_id
-        tag = {SUBSCRIPTION_ID_KEY: subscription_id}
-        subscription = self.app.hub.open(accepted)
-        try:
-            acknowledged = {"_meta": dict(tag), "notifications": dict(accepted)}
-            for extension in self.app.extensions.values():
-                extension.subscription_opened(subscription, ctx)
-            await ctx.send_notification("notifications/subscriptions/acknowledged", acknowledged)
-            for extension in self.app.extensions.values():
-                for method, snapshot_params in await extension.subscription_snapshot(accepted, ctx):
-                    snapshot_meta = snapshot_params.get("_meta")
-                    merged_meta = dict(snapshot_meta) if isinstance(snapshot_meta, dict) else {}
-                    merged_meta.update(tag)
-                    await ctx.send_notification(method, {**snapshot_params, "_meta": merged_meta})
-            async for event in subscription:
-                await self._deliver(event, subscription, ctx, tag)
-                # Hold nothing of a sent event while waiting for the next (an idle stream
-                # must not keep a task's state alive).
-                del event
-        finally:
-            self.app.hub.close_subscription(subscription)
-        return {"_meta": dict(tag)}
+        return accepted
 
     @staticmethod
     async def _deliver(
