@@ -720,6 +720,50 @@ async def test_two_hundred_tasks_at_once_on_four_slots_all_complete(
     assert queued == sorted(queued, key=lambda task_id: (created[task_id], task_id))
 
 
+async def test_a_signal_with_nothing_queued_does_not_queue_the_creations_after_it(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    # A queue signal (a store wake-up, a resync) makes the runner believe claimable work may
+    # wait. Its drain is still asking the store when creations arrive with slots free: each
+    # must be created already claimed (create, settle: two writes) unless older work waits,
+    # never stored queued and drained with claim_next (three writes) behind work that does
+    # not exist. Before the fix every creation made during the drain was queued.
+    env = await basic_env(
+        nursery,
+        runner_options={"max_jobs": 4, "recover": True, "recovery_interval_ms": 3_600_000},
+    )
+    await trio.sleep(1)  # the first recovery pass is over
+    inner = env.memory.claim_next
+    calls: list[str] = []
+    gate = trio.Event()
+
+    async def claim_next(owner_id: str, lease_ms: int) -> Any:
+        calls.append(owner_id)
+        if len(calls) == 1:
+            await gate.wait()  # one of the signal's drain claims (one per free slot), in flight
+        return await inner(owner_id, lease_ms)
+
+    env.memory.claim_next = claim_next  # type: ignore[method-assign]
+    env.memory._signal()  # nothing is queued
+    await trio.testing.wait_all_tasks_blocked()  # one claim per free slot; three answered
+    assert len(calls) == 4
+    ids = [await env.create("slow", {"seconds": 1, "label": str(n)}) for n in range(3)]
+    gate.set()
+    for task_id in ids:
+        await env.wait_status(task_id, "completed", interval=0.5)
+    created = [md["outcome"] for _, md in env.named(ins.TASK_CREATED)]
+    assert created == ["created", "created", "created"]
+    starts = [(md["task_id"], md["source"]) for _, md in env.named(ins.JOB_START)]
+    assert starts == [(task_id, "request") for task_id in ids]
+    # Only the drain's four claims (one per free slot, one still in flight holding its slot):
+    # the three that found nothing corrected the belief at
+    # once (not when the one in flight returned), so no creation was queued or had to ask.
+    assert len(calls) == 4
+    assert env.runner.statistics().queued == 0
+    for task_id in ids:
+        assert (await env.snapshot(task_id)).task.status_message != QUEUED_MESSAGE
+
+
 @pytest.mark.parametrize("limit", ["max_tasks", "max_active_tasks_per_scope"])
 async def test_store_limits_refuse_without_storing(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock, limit: str

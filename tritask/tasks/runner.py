@@ -359,8 +359,13 @@ class Runner:
         # Whether the store may hold claimable work this runner has not asked for yet: set by
         # a task queued here, a store signal or wake-up, a claim_next that found work; cleared
         # by a claim_next that found none. A freed slot asks the store only then, so a runner
-        # without a backlog spends no store call per attempt.
+        # without a backlog spends no store call per attempt. A creation with a free slot
+        # under this belief asks the store first (``_older_first``): the belief is corrected
+        # there, never left to queue every creation behind work that does not exist.
         self._backlog = False
+        # Counts the events that set the belief: a claim_next that found nothing clears it
+        # only if none came after that call was made (its answer may be older than they).
+        self._backlog_events = 0
         self._claiming = 0
         self._filling = False
         self._fill_again = False
@@ -733,7 +738,9 @@ class Runner:
         concurrency: Concurrency | None,
     ) -> tuple[Snapshot, bool]:
         """The stored task, and whether it waits queued."""
-        take = self._free_slots() > 0 and not self._backlog and not self._awaiting_slot
+        take = self._free_slots() > 0 and not self._awaiting_slot
+        if take and self._backlog:
+            take = await self._older_first()
         if stamp and queues(self.store):
             return await self._submit(task, work, access, context, take, concurrency)
         if not take:
@@ -771,6 +778,22 @@ class Runner:
             self._claiming -= 1
         await self._claim_and_start(task.id, "request")
         return snapshot, False
+
+    async def _older_first(self) -> bool:
+        """Before a creation with a free slot, while this runner believes the store may hold
+        claimable work: ask the store (``claim_next``) and take that older work first, first
+        in first out; return whether a slot is still free for the new task. A ``claim_next``
+        that finds nothing corrects the belief (see ``_backlog``), so the new task and those
+        after it are created already claimed (two writes per task, not three: create, claim,
+        settle) instead of being stored queued and drained. Claims one at a time while it
+        finds work and a slot is free; one call that finds nothing when there is none; a
+        store failure leaves the belief and queues the task."""
+        try:
+            await self._claim_queued(self._free_slots())
+        except Exception:
+            log.exception("claiming queued work before a creation failed; queueing it")
+            return False
+        return self._free_slots() > 0 and not self._backlog and not self._awaiting_slot
 
     async def _submit(
         self,
@@ -812,6 +835,7 @@ class Runner:
         slot frees here, and claim at once if a slot is free (its key was full, say)."""
         self._queued_here += 1
         self._backlog = True
+        self._backlog_events += 1
         kept = len(self._queued_contexts) + len(self._parked_contexts)
         if context is not None and kept < self.max_queued_contexts:
             self._contexts[task_id] = context
@@ -1012,6 +1036,7 @@ class Runner:
         if not self.recover and not self._queued_here:
             return
         self._backlog = True
+        self._backlog_events += 1
         if self._free_slots() > 0:
             self._drain_soon()
 
@@ -1069,6 +1094,7 @@ class Runner:
             ):
                 adopted += 1  # reserved before the call: other claimers see it
                 started = trio.current_time()
+                events = self._backlog_events
                 self._claiming += 1
                 try:
                     claimed = await self.store.claim_next(self.owner_id, self.lease_ms)
@@ -1083,6 +1109,12 @@ class Runner:
                 if claimed is None:
                     adopted -= 1
                     exhausted = True
+                    # Corrected at once, not when the other claims in flight return (a
+                    # creation meanwhile need not ask the store again), unless work may
+                    # have been queued or signalled since this call was made.
+                    if self._backlog_events == events:
+                        self._backlog = False
+                        self._queued_here = 0  # nothing claimable is left (for this runner)
                     return
 
         parallel = min(limit, self._free_slots(), parallel)
@@ -1094,11 +1126,8 @@ class Runner:
                     nursery.start_soon(claimer)
         if failure is not None:
             raise failure
-        if exhausted:
-            self._queued_here = 0  # nothing claimable is left (for this runner, now)
-            self._backlog = False
-        else:
-            self._queued_here = max(0, self._queued_here - adopted)
+        self._queued_here = max(0, self._queued_here - adopted)
+        if not exhausted:
             self._backlog = self._backlog or adopted > 0
         return adopted
 
