@@ -9,13 +9,8 @@ repeats are visible and counted (at least once, never lost).
 
 from __future__ import annotations
 
-import os
 import random
-import re
-import signal
-import subprocess
 import sys
-import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -27,9 +22,11 @@ from tritask.tasks.events import EventKind
 from tritask.tasks.store import QUEUED_MESSAGE
 from tritask.testing.client import Client, ClientError, HttpTransport
 
+sys.path.insert(0, str(Path(__file__).parent))
+from serve_process import Server
+
 HERE = Path(__file__).parent
 APP = f"{HERE / 'kill_app.py'}:app"
-URL_LINE = re.compile(r"serving Streamable HTTP on (http://\S+/mcp)")
 TASKS = 240
 KILLS = 4
 SEED = 20261129
@@ -37,63 +34,12 @@ SEED = 20261129
 pytestmark = [pytest.mark.slow, pytest.mark.contract("tasks-recovery-claims")]
 
 
-class Server:
-    """One ``tritask serve`` process; its stderr is drained by a thread into a buffer."""
-
-    def __init__(self, db: Path, log: Path, max_jobs: int) -> None:
-        env = {
-            **os.environ,
-            "TRITASK_KILL_LOG": str(log),
-            "TRITASK_KILL_MAX_JOBS": str(max_jobs),
-            "PYTHONUNBUFFERED": "1",
-        }
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tritask",
-                "serve",
-                APP,
-                "--http",
-                "127.0.0.1:0",
-                "--store",
-                f"sqlite:{db}",
-                "--log-level",
-                "WARNING",
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        self.lines: list[str] = []
-        self.url: str | None = None
-        self._ready = threading.Event()
-        threading.Thread(target=self._drain, daemon=True).start()
-
-    def _drain(self) -> None:
-        assert self.process.stderr is not None
-        for line in self.process.stderr:
-            self.lines.append(line)
-            found = URL_LINE.search(line)
-            if found and self.url is None:
-                self.url = found.group(1)
-                self._ready.set()
-        self._ready.set()
-
-    async def ready(self) -> str:
-        await trio.to_thread.run_sync(self._ready.wait, 60)
-        assert self.url is not None, "".join(self.lines)
-        return self.url
-
-    def kill(self) -> None:
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(30)
-
-    def stop(self) -> int:
-        self.process.send_signal(signal.SIGINT)
-        return self.process.wait(30)
+def kill_server(db: Path, log: Path, max_jobs: int) -> Server:
+    return Server(
+        APP,
+        f"sqlite:{db}",
+        {"TRITASK_KILL_LOG": str(log), "TRITASK_KILL_MAX_JOBS": str(max_jobs)},
+    )
 
 
 class Observer:
@@ -154,7 +100,7 @@ async def test_sigkill_at_random_points_loses_nothing(tmp_path: Path, max_jobs: 
     rng = random.Random(SEED)
     db = tmp_path / "kill.db"
     log = tmp_path / "effects.log"
-    server = Server(db, log, max_jobs)
+    server = kill_server(db, log, max_jobs)
     url = await server.ready()
     transport = HttpTransport(url)
     client = Client(transport, capabilities={"elicitation": {}})
@@ -177,7 +123,7 @@ async def test_sigkill_at_random_points_loses_nothing(tmp_path: Path, max_jobs: 
             await _sweep_until(observer, server, trio.current_time() + 60)
         server.kill()
         kills += 1
-        server = Server(db, log, max_jobs)
+        server = kill_server(db, log, max_jobs)
         restarts.append(server)
     await _sweep_until(observer, server, trio.current_time() + 120)
     assert server.stop() == 0, "".join(server.lines)

@@ -12,13 +12,8 @@ ledger holds exactly one ``step_recorded`` per step.
 
 from __future__ import annotations
 
-import os
 import random
-import re
-import signal
-import subprocess
 import sys
-import threading
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -34,10 +29,10 @@ __all__ = ["pg_schemas", "postgres_dsn"]
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
+from serve_process import Server  # noqa: E402
 from steps_kill_app import expected_value  # noqa: E402
 
 APP = f"{HERE / 'steps_kill_app.py'}:app"
-URL_LINE = re.compile(r"serving Streamable HTTP on (http://\S+/mcp)")
 TASKS = 45
 STEPS = 6
 KILLS = 4
@@ -45,61 +40,6 @@ SEED = 20261201
 SHAPES = ("plain", "sleep", "input")
 
 pytestmark = [pytest.mark.slow]
-
-
-class Server:
-    """One ``tritask serve`` process; its stderr is drained by a thread into a buffer."""
-
-    def __init__(self, store: str, log: Path) -> None:
-        env = {**os.environ, "TRITASK_KILL_LOG": str(log), "PYTHONUNBUFFERED": "1"}
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tritask",
-                "serve",
-                APP,
-                "--http",
-                "127.0.0.1:0",
-                "--store",
-                store,
-                "--log-level",
-                "WARNING",
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        self.pid = self.process.pid
-        self.lines: list[str] = []
-        self.url: str | None = None
-        self._ready = threading.Event()
-        threading.Thread(target=self._drain, daemon=True).start()
-
-    def _drain(self) -> None:
-        assert self.process.stderr is not None
-        for line in self.process.stderr:
-            self.lines.append(line)
-            found = URL_LINE.search(line)
-            if found and self.url is None:
-                self.url = found.group(1)
-                self._ready.set()
-        self._ready.set()
-
-    async def ready(self) -> str:
-        await trio.to_thread.run_sync(self._ready.wait, 60)
-        assert self.url is not None, "".join(self.lines)
-        return self.url
-
-    def kill(self) -> None:
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(30)
-
-    def stop(self) -> int:
-        self.process.send_signal(signal.SIGINT)
-        return self.process.wait(30)
 
 
 class Observer:
@@ -150,7 +90,7 @@ async def sweep_until(observer: Observer, server: Server, deadline: float) -> No
 async def run_killed_pipelines(store: str, log: Path) -> tuple[dict[str, str], set[int]]:
     """Create the pipelines, kill the server ``KILLS`` times, let everything finish."""
     rng = random.Random(SEED)
-    server = Server(store, log)
+    server = Server(APP, store, {"TRITASK_KILL_LOG": str(log)})
     url = await server.ready()
     transport = HttpTransport(url)
     client = Client(transport, capabilities={"elicitation": {}})
@@ -172,7 +112,7 @@ async def run_killed_pipelines(store: str, log: Path) -> tuple[dict[str, str], s
             await sweep_until(observer, server, trio.current_time() + 60)
         server.kill()
         killed.add(server.pid)
-        server = Server(store, log)
+        server = Server(APP, store, {"TRITASK_KILL_LOG": str(log)})
     await sweep_until(observer, server, trio.current_time() + 180)
     assert server.stop() == 0, "".join(server.lines)
 
