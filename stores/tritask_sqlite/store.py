@@ -290,6 +290,20 @@ _SET_OWNER_LEASE = (
     " ON CONFLICT (owner_id) DO UPDATE SET lease_expires_at_us = excluded.lease_expires_at_us"
 )
 _DROP_OWNER_LEASE = "DELETE FROM tritask_owner_leases WHERE owner_id = ?"
+#: ``reap``: the lease rows of owners that stopped renewing (a dead runner's row is otherwise
+#: never dropped: only its own next batch would). A row goes once it has expired and no claim
+#: follows it; a row nobody follows is read by no predicate and no decoded claim (a following
+#: claim's expiry is the row's, so a row still followed, even expired and unclaimed since,
+#: stays: dropping it would turn that claim's expiry into 0). The check and the delete are one
+#: statement of one write transaction, which SQLite serializes with every ``renew_all`` and
+#: claim, so a live owner's batch cannot interleave; the index ``tritask_tasks_owner_claims``
+#: answers the ``NOT EXISTS``.
+_REAP_OWNER_LEASES = (
+    "DELETE FROM tritask_owner_leases WHERE owner_id IN ("
+    " SELECT o.owner_id FROM tritask_owner_leases o WHERE o.lease_expires_at_us <= ?"
+    " AND NOT EXISTS (SELECT 1 FROM tritask_tasks t"
+    " WHERE t.claim_owner = o.owner_id AND t.claim_follows = 1) LIMIT ?)"
+)
 #: A following claim the batch does not renew keeps its expiry as its own.
 _DETACH = "UPDATE tritask_tasks SET claim_follows = 0, claim_expires_at_us = ? WHERE task_id = ?"
 #: A renewed claim that had its own expiry (new since the last batch, or renewed alone): a
@@ -1841,7 +1855,9 @@ class SqliteStore:
         """Delete up to ``reap_batch_size`` expired aggregates with their ledgers (sorted ids).
 
         Each row is validated first: a corrupt row fails the call instead of being deleted
-        unseen.
+        unseen. The same transaction drops up to ``reap_batch_size`` owner lease rows that
+        have expired and that no claim follows (``_REAP_OWNER_LEASES``): a runner that died
+        leaves its row behind, and nothing else would ever delete it.
         """
         self._ensure_open()
 
@@ -1855,6 +1871,7 @@ class SqliteStore:
             conn.executemany(
                 "DELETE FROM tritask_tasks WHERE task_id = ?", [(task_id,) for task_id in reaped]
             )
+            conn.execute(_REAP_OWNER_LEASES, (now, self._reap_batch))
             return reaped
 
         reaped = await self._transact(body, write=True)

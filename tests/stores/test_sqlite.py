@@ -625,6 +625,95 @@ async def test_ttl_reaped_at_the_exact_instant_with_its_ledger(tmp_path: Path) -
         assert conn.execute("SELECT task_id FROM tritask_tasks").fetchall() == [("forever",)]
 
 
+async def test_reap_drops_the_lease_rows_of_dead_owners_and_no_other(tmp_path: Path) -> None:
+    """A runner that dies leaves its owner lease row (schema 4) behind. ``reap`` drops a row
+    once it has expired and no claim follows it, and keeps every other: a live owner's, and a
+    dead owner's while one of its claims still follows it (expired, claimed by nobody since),
+    whose decoded expiry, and so its fencing, must stay exactly the lease its holder has."""
+    path, clock = tmp_path / "tasks.db", ManualClock()
+
+    def owner_rows() -> list[tuple[str, int]]:
+        with raw(path) as conn:
+            rows = conn.execute(
+                "SELECT owner_id, lease_expires_at_us FROM tritask_owner_leases ORDER BY owner_id"
+            ).fetchall()
+            return [(owner, expiry) for owner, expiry in rows]
+
+    async with sqlite_store(path, clock) as store:
+        for n in range(4):
+            await create(store, f"task-{n}", ttl_ms=None)
+        dead = [await claimed(store, f"task-{n}", "dead") for n in range(3)]
+        live = await claimed(store, "task-3", "live")
+        clock.advance(1000)
+        dead = [
+            r.lease for r in await store.renew_all("dead", dead, 1000) if isinstance(r, Renewed)
+        ]
+        (renewed,) = await store.renew_all("live", [live], LEASE_MS)
+        assert isinstance(renewed, Renewed) and len(dead) == 3
+        live = renewed.lease
+        dead_expiry = START + 2_000_000
+        assert owner_rows() == [("dead", dead_expiry), ("live", live.expires_at)]
+        assert await store.reap() == []
+        assert owner_rows() == [("dead", dead_expiry), ("live", live.expires_at)]
+        # "dead" stops renewing. Its row expires; its claims still follow it.
+        clock.advance(1000)
+        assert await store.reap() == []
+        assert [row[0] for row in owner_rows()] == ["dead", "live"]
+        heir = await claimed(store, "task-0", "heir")  # no longer follows the dead row
+        assert heir.generation == 2
+        await store.release(dead[1])  # an expired lease nobody took is still its holder's
+        assert await store.reap() == []
+        assert [row[0] for row in owner_rows()] == ["dead", "live"]
+        # task-2 still follows the dead row: its claim is exactly the lease "dead" holds.
+        inspection = await store.inspect_task("task-2")
+        assert inspection is not NOT_FOUND and inspection.task.claim is not None
+        claim = inspection.task.claim
+        assert (claim.owner_id, claim.expires_at, claim.live) == ("dead", dead_expiry, False)
+        clock.advance(10**6)  # long after: the row stays as long as a claim follows it
+        assert await store.reap() == []
+        assert [row[0] for row in owner_rows()] == ["dead", "live"]
+        await store.release(dead[2])  # exactly the claim: its expiry is still the row's
+        # The live owner's row has expired too by now, and nothing follows it any more once
+        # its task is released: both go; renewing afterwards writes a row again.
+        await store.release(live)
+        assert await store.reap() == []
+        assert owner_rows() == []
+        again = await claimed(store, "task-3", "live")
+        clock.advance(1000)
+        (renewed,) = await store.renew_all("live", [again], LEASE_MS)
+        assert isinstance(renewed, Renewed)
+        assert owner_rows() == [("live", renewed.lease.expires_at)]
+        assert isinstance(await store.worker_snapshot("task-3", renewed.lease), Snapshot)
+
+
+async def test_reap_keeps_a_followed_owner_row_whose_claims_are_live(tmp_path: Path) -> None:
+    """A live owner's row is never dropped while it is followed, however often reap runs
+    between its heartbeats, and each heartbeat's leases stay live to their exact expiry."""
+    path, clock = tmp_path / "tasks.db", ManualClock()
+    async with sqlite_store(path, clock) as store:
+        await create(store, "task-1")
+        lease = await claimed(store, "task-1", ms=1000)
+        for beat in range(4):
+            clock.advance(999)  # 1 ms before the lease's end
+            assert await store.reap() == []
+            assert isinstance(await store.worker_snapshot("task-1", lease), Snapshot)
+            assert await store.claim("task-1", "owner-2", 1000) is UNAVAILABLE
+            (renewed,) = await store.renew_all("owner-1", [lease], 1000)
+            assert isinstance(renewed, Renewed), beat
+            lease = renewed.lease
+        clock.advance(1000)
+        assert await store.reap() == []  # expired but followed: kept, the claim lapses as is
+        with raw(path) as conn:
+            assert conn.execute("SELECT owner_id FROM tritask_owner_leases").fetchall() == [
+                ("owner-1",)
+            ]
+        adopted = await store.claim("task-1", "owner-2", 1000)
+        assert isinstance(adopted, Claimed) and adopted.lease.generation == 2
+        assert await store.reap() == []
+        with raw(path) as conn:
+            assert conn.execute("SELECT owner_id FROM tritask_owner_leases").fetchall() == []
+
+
 async def test_database_clock(tmp_path: Path) -> None:
     async with sqlite_store(tmp_path / "tasks.db") as store:
         now = await store.now()
