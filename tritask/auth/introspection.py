@@ -8,6 +8,16 @@ keyed by a SHA-256 digest of the token (never the token itself), until the earli
 ``cache_ttl_s`` and the token's own ``exp``; at most ``max_cache_entries`` are kept. A cached
 answer is checked against the audience of each request again (one verifier may serve several
 resources).
+
+Concurrent verifications of one uncached token share one request (``_Flight``, keyed by the
+digest): the first makes it, the others wait for its answer, and each checks that answer
+against its own resource and caches it as a lone verification would. A failure of the request
+(unavailable endpoint, refused credentials, a non-JSON answer) is every waiter's failure; a
+refused token is refused for each by its own checks. The request belongs to the task that makes
+it (structured concurrency: nothing outlives its caller), so a cancelled waiter leaves alone,
+and when the one making the request is cancelled the request goes with it and one of the
+remaining waiters makes it again, instead of the cancelled request being shielded (which would
+hold its caller up to ``http_timeout_s`` after its cancellation).
 """
 
 from __future__ import annotations
@@ -20,6 +30,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Final, Literal
 from urllib.parse import quote
+
+import trio
 
 from tritask.auth._verifier import (
     Fetch,
@@ -36,11 +48,28 @@ from tritask.auth._verifier import (
     monotonic,
     token_from_claims,
 )
+from tritask.jsonrpc import JSONValue
 from tritask.protocol.auth import AccessToken
 
 log = logging.getLogger("tritask.auth")
 
 MAX_TOKEN_BYTES: Final = 16 * 1024
+
+
+class _Flight:
+    """One introspection request that concurrent verifications of one token wait for.
+
+    ``done`` is set once the request has ended: with ``answer`` (and ``at``, the trio time the
+    answer came, from which the cache counts its TTL) or ``error``; with neither when the task
+    making the request was cancelled, and then a waiter makes it again."""
+
+    __slots__ = ("answer", "at", "done", "error")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.answer: dict[str, JSONValue] | None = None
+        self.at = 0.0
+        self.error: Exception | None = None
 
 
 class IntrospectionVerifier:
@@ -85,6 +114,7 @@ class IntrospectionVerifier:
         self._clock = clock
         self._fetch = fetcher(fetch, http_timeout_s)
         self._cache: OrderedDict[bytes, tuple[float, float | None, AccessToken]] = OrderedDict()
+        self._flights: dict[bytes, _Flight] = {}
         self.requests = 0
         """How many introspection requests were sent."""
 
@@ -123,14 +153,7 @@ class IntrospectionVerifier:
             # audience is checked again: the answer may have been cached for another resource.
             audience = check_audience(cached.claims, accepted_audiences(resource, self.audience))
             return token_from_claims(dict(cached.claims), audience, token)
-        self.requests += 1
-        try:
-            answer = json_document(await self._fetch(self._request(token)), "introspection")
-        except FetchFailed as error:
-            log.warning("token introspection failed: %s", error)
-            raise VerifierUnavailable(
-                "The authorization server cannot be asked about tokens now", self.retry_after_s
-            ) from None
+        answer, answered_at = await self._introspect(digest, token)
         if answer.get("active") is not True:
             raise InvalidToken("The token is not active")
         check_times(answer, self._clock(), self.leeway_s, require_exp=self.require_exp)
@@ -143,10 +166,46 @@ class IntrospectionVerifier:
         if self.cache_ttl_s > 0 and self.max_cache_entries > 0:
             exp = answer.get("exp")
             self._cache[digest] = (
-                monotonic() + self.cache_ttl_s,
+                answered_at + self.cache_ttl_s,
                 float(exp) if isinstance(exp, int | float) else None,
                 verified.detached(),
             )
             while len(self._cache) > self.max_cache_entries:
                 self._cache.popitem(last=False)
         return verified
+
+    async def _introspect(self, digest: bytes, token: str) -> tuple[dict[str, JSONValue], float]:
+        """The endpoint's answer about ``token`` and when it came: from the request in flight
+        for it if there is one (its failure is raised here too), else from a new request."""
+        while True:
+            flight = self._flights.get(digest)
+            if flight is None:
+                break
+            await flight.done.wait()
+            if flight.error is not None:
+                raise flight.error
+            if flight.answer is not None:
+                return flight.answer, flight.at
+            # Its maker was cancelled: ask again (the first waiter to get here makes it).
+        flight = self._flights[digest] = _Flight()
+        try:
+            flight.answer = await self._ask(token)
+            flight.at = monotonic()
+            return flight.answer, flight.at
+        except Exception as error:
+            flight.error = error
+            raise
+        finally:
+            # Cancelled (or interrupted): neither is set, the waiters ask again.
+            del self._flights[digest]
+            flight.done.set()
+
+    async def _ask(self, token: str) -> dict[str, JSONValue]:
+        self.requests += 1
+        try:
+            return json_document(await self._fetch(self._request(token)), "introspection")
+        except FetchFailed as error:
+            log.warning("token introspection failed: %s", error)
+            raise VerifierUnavailable(
+                "The authorization server cannot be asked about tokens now", self.retry_after_s
+            ) from None

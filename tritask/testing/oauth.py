@@ -73,6 +73,9 @@ class TestAuthorizationServer:
         self.token_requests: list[dict[str, str]] = []
         self.revoked: set[str] = set()
         self.opaque: dict[str, dict[str, Any]] = {}
+        self.introspection_gate: trio.Event | None = None
+        """While an unset event, ``/introspect`` answers wait for it (counted in ``requests``
+        on arrival): a test holds answers back to make requests overlap, without timing."""
 
     # -- keys and tokens -----------------------------------------------------------------
 
@@ -290,6 +293,8 @@ class TestAuthorizationServer:
     async def _introspect(
         self, headers: Mapping[str, str], form: dict[str, str], send: Send
     ) -> None:
+        if self.introspection_gate is not None:
+            await self.introspection_gate.wait()
         if self._client(headers, form) is None:
             await _reply(send, 401, {"error": "invalid_client"})
             return
