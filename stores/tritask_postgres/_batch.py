@@ -2,9 +2,9 @@
 
 Why: every operation on its own pays its round trips, its transaction and its commit, and on
 a busy server each round trip is a trio wait and wake-up in the one Python thread that also
-runs HTTP. The store's two hot operations, creating a task without limits and settling one,
-are each at most two round trips of pipelined statements (lock and read, then write), so a
-batch of them costs the same two round trips and one commit for all.
+runs HTTP. The store's two hot operations, creating a task and settling one, are each at
+most two round trips of pipelined statements (lock and read or count, then write), so a batch
+of them costs the same two round trips and one commit for all.
 
 How: a caller submits an :class:`Item` and waits. When fewer than ``max_inflight`` batches
 run (one by default: two side by side made smaller batches and cost more CPU per task, in

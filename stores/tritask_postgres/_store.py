@@ -12,9 +12,11 @@ wait.
   reducer in Python, and write the record, its projections and the ledger row in one statement.
   ``settle`` is the same transaction for a worker's final event, its write also clearing the
   claim (a ``duplicate`` or ``unchanged`` answer clears it too).
-* Group commit: concurrent creations without limits and settles share one transaction on one
-  connection, two pipelined round trips for the whole batch, each operation still decided
-  alone and each caller answered only after the commit (see ``_batch`` and ``_run_batch``).
+* Group commit: concurrent creations (without a concurrency key) and settles share one
+  transaction on one connection, two pipelined round trips for the whole batch, each operation
+  still decided alone and each caller answered only after the commit (see ``_batch`` and
+  ``_run_batch``). Under limits the batch takes the capacity lock once and admits its
+  creations in turn from one count (``_admit``).
 * ``create_claimed_stamped`` inserts in one statement that reads the clock and formats it into
   the record's ``createdAt``/``lastUpdatedAt`` itself, so stamping costs no extra round trip.
 * ``claim_next`` takes the oldest claimable task by ``(created_at, task_id)`` with
@@ -22,7 +24,8 @@ wait.
 * Leases are fenced: owner, random UUID token, generation (+1 on every claim) and exact expiry.
 * Limits are counted under a transaction-scoped advisory lock keyed on the schema, in a
   statement that starts after the lock is granted (its snapshot includes the previous holder's
-  insert). With both limits unlimited, creation takes no lock.
+  insert; a batch's creations: one lock and one count for all). With both limits unlimited,
+  creation takes no lock.
 * Commits that make work appear or change a running attempt send ``NOTIFY`` in the same
   transaction; ``wakeups()`` delivers them (see ``_wakeups``).
 * Every read decodes and validates the aggregate record and checks that the projection columns
@@ -142,6 +145,7 @@ _COMMIT_STEP_US: Final = 1
 _MAX_BIGINT: Final = 2**63 - 1
 _READ_ACTIONS: Final = frozenset({Action.GET, Action.UPDATE, Action.CANCEL})
 _ACTIVE: Final = "('working', 'input_required')"
+_ACTIVE_STATUSES: Final = frozenset({"working", "input_required"})
 _BUSY_ERRORS: Final = (
     psycopg.errors.LockNotAvailable,
     psycopg.errors.DeadlockDetected,
@@ -244,11 +248,23 @@ def _inserted(result: Result, task_id: str, stamp: bool) -> tuple[str, int, int 
 
 @attrs.frozen
 class _Insert:
-    """A creation in a batch: its one statement."""
+    """A creation in a batch: its one statement. ``limited``: admitted by the batch under the
+    capacity lock first (see ``PostgresStore._admit``)."""
 
     stmt: Statement
     params: dict[str, Any]
     stamp: bool
+    limited: bool = False
+
+    @property
+    def task_id(self) -> str:
+        task_id: str = self.params["task_id"]
+        return task_id
+
+    @property
+    def scope(self) -> str:
+        scope: str = self.params["scope"]
+        return scope
 
 
 class _RolledBack(Exception):
@@ -758,13 +774,14 @@ class PostgresStore:
                     claimed = running < concurrency.limit and not waiting
                 return await insert(session, claimed, True)
 
-        if limited or decide:
+        if decide:
             stored, created_at, expires_at = await self._run(run)
         else:
-            # Batched with the creations and settles running beside it (see ``_batch``).
+            # Batched with the creations and settles running beside it (see ``_batch``); under
+            # limits the batch admits its creations under one capacity lock (``_admit``).
             alone = functools.partial(self._run, run)
             inserted: tuple[str, int, int | None] = await self._batched(
-                _Insert(inserting, params(claim is not None), stamp), alone
+                _Insert(inserting, params(claim is not None), stamp, limited), alone
             )
             stored, created_at, expires_at = inserted
         # The record as stored (stamped by the statement when ``stamp``). When its text is
@@ -1382,13 +1399,16 @@ class PostgresStore:
         """One transaction on one connection for a batch, in two pipelined round trips.
 
         The first sends ``BEGIN``, every settle's row lock and reads (in task-id order, so two
-        batches never wait for each other's locks in opposite orders) and every insertion;
-        then each settle is decided on its own rows (one that raises wrote nothing); the
-        second sends the settles' writes and the ``COMMIT``. Every item gets its outcome only
-        after the ``COMMIT`` returned. A statement error aborts the whole transaction (nothing
-        is committed): the items then run alone (``Item.fall_back``), so the error reaches the
-        operation it belongs to. A connection lost once the ``COMMIT`` was sent leaves its
-        outcome unknown: every item gets that error.
+        batches never wait for each other's locks in opposite orders), every insertion without
+        limits and, when creations under limits are in the batch, the capacity lock and the
+        counts those creations need (``_admit``: one lock and one count for all of them instead
+        of one transaction each); then each settle is decided on its own rows (one that raises
+        wrote nothing) and each limited creation admitted or refused; the second sends the
+        admitted insertions, the settles' writes and the ``COMMIT``. Every item gets its
+        outcome only after the ``COMMIT`` returned. A statement error aborts the whole
+        transaction (nothing is committed): the items then run alone (``Item.fall_back``), so
+        the error reaches the operation it belongs to. A connection lost once the ``COMMIT``
+        was sent leaves its outcome unknown: every item gets that error.
         """
         pool, _ = self._opened()
         settles = sorted(
@@ -1396,13 +1416,26 @@ class PostgresStore:
             key=lambda item: item.payload.task_id,
         )
         inserts = [item for item in items if isinstance(item.payload, _Insert)]
+        free = [item for item in inserts if not item.payload.limited]
+        limited = [item for item in inserts if item.payload.limited]
         reads: list[tuple[Statement, Mapping[str, object] | None]] = []
         for item in settles:
             settle = item.payload
             reads.extend(self._transition_reads(settle.task_id, settle.event.id))
-        reads.extend((item.payload.stmt, item.payload.params) for item in inserts)
+        reads.extend((item.payload.stmt, item.payload.params) for item in free)
+        if limited:
+            counts = {
+                "lock_class": CAPACITY_LOCK_CLASS,
+                "schema": self._schema,
+                "max_tasks": self._max_tasks or 0,
+                "max_active": self._max_active or 0,
+                "ids": [item.payload.task_id for item in limited],
+                "scopes": sorted({item.payload.scope for item in limited}),
+            }
+            reads.extend(((self._q.capacity_lock, counts), (self._q.batch_counts, counts)))
         decided: list[tuple[Item, outcome.Outcome[Any]]] = []
         finals: list[tuple[Item, _Plan]] = []
+        admitted: list[Item] = []
         try:
             async with pool.session() as session, session.transaction():
                 try:
@@ -1430,15 +1463,19 @@ class PostgresStore:
                     else:
                         finals.append((item, plan))
                 first = 2 * len(settles)
-                for index, item in enumerate(inserts):
+                for index, item in enumerate(free):
                     insert = item.payload
                     found: outcome.Outcome[Any] = outcome.capture(
                         _inserted, results[first + index], insert.params["task_id"], insert.stamp
                     )
                     decided.append((item, found))
+                if limited:
+                    admitted, refused = self._admit(limited, results[-1])
+                    decided.extend(refused)
                 calls: list[tuple[Statement, Mapping[str, object] | None]] = [
-                    plan.final for _, plan in finals if plan.final is not None
+                    (item.payload.stmt, item.payload.params) for item in admitted
                 ]
+                calls.extend(plan.final for _, plan in finals if plan.final is not None)
                 try:
                     done = await session.pipeline(*calls, (COMMIT, None))
                 except psycopg.Error as exc:
@@ -1451,10 +1488,50 @@ class PostgresStore:
             for item in items:  # the COMMIT's outcome is unknown, as it would be alone
                 item.decide(outcome.Error(copy.copy(unknown.error)))
             return
-        for (item, plan), result in zip(finals, done, strict=False):
+        for item, result in zip(admitted, done, strict=False):
+            insert = item.payload
+            item.decide(outcome.capture(_inserted, result, insert.task_id, insert.stamp))
+        for (item, plan), result in zip(finals, done[len(admitted) :], strict=False):
             item.decide(outcome.capture(plan.finish, result))
         for item, found in decided:
             item.decide(found)
+
+    def _admit(
+        self, inserts: Sequence[Item], counted: Result
+    ) -> tuple[list[Item], list[tuple[Item, outcome.Outcome[Any]]]]:
+        """The batch's creations under limits, admitted in order as one transaction each
+        would be (``counted``: the counts read under the capacity lock): an existing id is
+        refused first, then ``max_tasks``, then ``max_active_tasks_per_scope``; every
+        admitted creation counts against the ones after it."""
+        row = counted.fetchone()
+        assert row is not None
+        total, existing, scopes = row
+        try:
+            exists = {str(task_id) for task_id in loads(existing)}
+            active = {str(scope): int(count) for scope, count in loads(scopes)}
+        except (ValueError, TypeError) as exc:
+            raise CorruptStore("", f"undecodable capacity counts: {exc}") from exc
+        admitted: list[Item] = []
+        refused: list[tuple[Item, outcome.Outcome[Any]]] = []
+        for item in inserts:
+            insert = item.payload
+            task_id, scope = insert.task_id, insert.scope
+            error: Exception | None = None
+            if task_id in exists:
+                error = AlreadyExists(task_id)
+            elif self._max_tasks is not None and total >= self._max_tasks:
+                error = CapacityExceeded("max_tasks")
+            elif self._max_active is not None and active.get(scope, 0) >= self._max_active:
+                error = CapacityExceeded("max_active_tasks_per_scope")
+            if error is not None:
+                refused.append((item, outcome.Error(error)))
+                continue
+            exists.add(task_id)
+            total += 1
+            if insert.params["status"] in _ACTIVE_STATUSES:
+                active[scope] = active.get(scope, 0) + 1
+            admitted.append(item)
+        return admitted, refused
 
     def _released_by(self, row: _Row, lease: object, seen: tuple[Any, ...], event: Event) -> bool:
         """Whether ``lease``'s claim was released with no later claim made, after ``event``
@@ -1853,6 +1930,17 @@ class _Queries:
             " AND t.task_id <> ALL(%(skip)s::text[])"
             " ORDER BY t.created_at_us, t.task_id"
             " LIMIT 1 FOR UPDATE OF t SKIP LOCKED"
+        )
+        # A batch's creations under limits, under the capacity lock: the tasks (up to
+        # max_tasks), which of the batch's ids exist, and each of its scopes' active tasks (up
+        # to max_active), as JSON arrays.
+        self.batch_counts = q(
+            "SELECT (SELECT count(*) FROM (SELECT 1 FROM {t} LIMIT %(max_tasks)s) a),"
+            " (SELECT coalesce(json_agg(t.task_id), '[]')::text FROM {t} t"
+            " WHERE t.task_id = ANY(%(ids)s::text[])),"
+            " (SELECT coalesce(json_agg(json_build_array(s.scope, (SELECT count(*) FROM"
+            " (SELECT 1 FROM {t} t WHERE t.scope = s.scope AND t.status IN {active}"
+            " LIMIT %(max_active)s) b))), '[]')::text FROM unnest(%(scopes)s::text[]) s(scope))"
         )
         self.capacity_counts = q(
             "SELECT EXISTS (SELECT 1 FROM {t} WHERE task_id = %(task_id)s),"

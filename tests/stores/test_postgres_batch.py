@@ -26,14 +26,18 @@ from tritask.tasks.model import new_task
 from tritask.tasks.store import (
     Action,
     AlreadyExists,
+    CapacityExceeded,
     Claimed,
     DatabaseBusy,
     StaleLease,
+    TaskQuery,
     Transition,
 )
 from tritask.tasks.work import Work
+from tritask.testing.store_contract import by_tenant, tenant
 
 GUARD = 30
+A, B, C = tenant("tenant-a"), tenant("tenant-b"), tenant("tenant-c")
 
 
 class Controlled:
@@ -341,3 +345,74 @@ async def test_a_created_task_is_exactly_what_the_database_stores(
                 assert made.snapshot.task.created_at > 0
             settled = await store.settle(task_id, 0, Event.completed(RESULT), made.lease)
             assert settled.outcome == "applied"  # type: ignore[union-attr]
+
+
+async def submit_as(store: PostgresStore, ctx: object, task_id: str) -> Claimed:
+    access = await store.authorize(ctx, Action.CREATE, task_id)
+    work = Work(idempotency_key=task_id, type="batch", input={})
+    made = await store.submit(
+        new_task(task_id, 0, None, None), work, access, owner_id="owner", lease_ms=60_000
+    )
+    assert isinstance(made, Claimed)
+    return made
+
+
+@pytest.mark.parametrize(
+    ("max_tasks", "max_active"), [(None, 3), (4, None), (8, 3)], ids=["active", "total", "both"]
+)
+async def test_creations_under_limits_are_admitted_by_their_batch_as_one_at_a_time(
+    pg_schemas: SchemaFactory,  # noqa: F811
+    max_tasks: int | None,
+    max_active: int | None,
+) -> None:
+    """Creations under limits share a batch (one capacity lock and one count for all) and are
+    admitted in turn, each counting against the next: an existing id is refused as such even
+    when the store is full, an id twice in the batch is created once, and no limit is
+    passed."""
+    schema = await pg_schemas.migrated()
+    store = PostgresStore(
+        pg_schemas.dsn,
+        schema=schema,
+        scope=by_tenant,
+        max_tasks=max_tasks,
+        max_active_tasks_per_scope=max_active,
+    )
+    async with store:
+        await submit_as(store, A, "existing")
+        assert store._batcher is not None
+        before = (store._batcher.batches, store._batcher.items)
+        calls: dict[str, Any] = {
+            "existing": functools.partial(submit_as, store, A, "existing"),
+            "twice-1": functools.partial(submit_as, store, C, "twice"),
+            "twice-2": functools.partial(submit_as, store, C, "twice"),
+        }
+        for n in range(6):
+            calls[f"a{n}"] = functools.partial(submit_as, store, A, f"a{n}")
+            calls[f"b{n}"] = functools.partial(submit_as, store, B, f"b{n}")
+        with trio.fail_after(GUARD):
+            found = await gather(calls)
+        assert store._batcher.batches - before[0] < store._batcher.items - before[1] == len(calls)
+        assert store._batcher.alone == 0  # every one was decided by its batch
+        assert isinstance(found["existing"], AlreadyExists)
+        twice = [found["twice-1"], found["twice-2"]]
+        if max_tasks is None or max_tasks > 7:  # room for all that max_active admits
+            assert sorted(type(o).__name__ for o in twice) == ["AlreadyExists", "Claimed"]
+        else:  # the first of the two may find the store full; never both created
+            assert sum(isinstance(o, Claimed) for o in twice) <= 1
+        made = {name for name, o in found.items() if isinstance(o, Claimed)}
+        refused = [o for o in found.values() if isinstance(o, CapacityExceeded)]
+        for name, o in found.items():
+            assert isinstance(o, Claimed | AlreadyExists | CapacityExceeded), (name, o)
+        per_tenant = {p: sum(name.startswith(p) for name in made) for p in "ab"}
+        if max_active is not None:  # "existing" is one of A's
+            assert per_tenant == {"a": max_active - 1, "b": max_active}
+        if max_tasks is not None and max_active is None:
+            assert len(made) == max_tasks - 1  # "existing" is one of them
+            assert {exc.limit for exc in refused} == {"max_tasks"}
+        elif max_tasks is None:
+            assert {exc.limit for exc in refused} == {"max_active_tasks_per_scope"}
+        already = sum(isinstance(o, AlreadyExists) for o in found.values())
+        assert len(made) + len(refused) + already == len(calls)
+        stored = (await store.list_tasks(TaskQuery(limit=100))).tasks
+        ids = {o.lease.task_id for o in found.values() if isinstance(o, Claimed)}
+        assert sorted(t.snapshot.task.id for t in stored) == sorted({"existing", *ids})
