@@ -4,12 +4,13 @@ They wrap any :class:`~tritask.tasks.store.Store` through the protocol only, so 
 workloads run unchanged on the memory, SQLite and PostgreSQL stores.
 
 The optional capabilities runners detect on the store's *class* (``settle``,
-``create_claimed_stamped``, ``renew_all``, ``submit``, ``listen_queue``) are offered by a
-wrapper exactly when its inner store offers them: constructing a wrapper picks (and caches) a
-subclass of it with those methods mixed in. A wrapper changes what they do by overriding the
-hooks ``_settle``, ``_create_claimed_stamped``, ``_renew_all`` and ``_submit``, never the public
-names (that would offer them unconditionally); one that must not offer ``renew_all`` (its
-``renew`` models something a batch would bypass) sets ``batch_renewal = False``.
+``create_claimed_stamped``, ``renew_all``, ``renew_owner``, ``submit``, ``listen_queue``) are
+offered by a wrapper exactly when its inner store offers them: constructing a wrapper picks (and
+caches) a subclass of it with those methods mixed in. A wrapper changes what they do by
+overriding the hooks ``_settle``, ``_create_claimed_stamped``, ``_renew_all``, ``_renew_owner``
+and ``_submit``, never the public names (that would offer them unconditionally); one that must
+not offer ``renew_all`` or ``renew_owner`` (its ``renew`` models something a batch would
+bypass) sets ``batch_renewal = False``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from tritask.tasks.store import (
     Lease,
     LeaseLost,
     NotFound,
+    OwnerRenewal,
     Renewed,
     Store,
     Transition,
@@ -41,6 +43,7 @@ from tritask.tasks.store import (
     WorkerAuthority,
     queues,
     renews_leases,
+    renews_owner_lease,
     settles,
     signals_queue,
     stamps_creation,
@@ -78,6 +81,21 @@ class _RenewingAll:
         return await cast(StoreProxy, self)._renew_all(owner_id, leases, lease_ms)
 
 
+class _RenewingOwner:
+    """Mixed into a wrapper whose inner store offers ``renew_owner``."""
+
+    async def renew_owner(
+        self,
+        owner_id: str,
+        leases: list[Lease] | tuple[Lease, ...],
+        revisions: list[int] | tuple[int, ...],
+        following: int | None,
+        lease_ms: int,
+    ) -> OwnerRenewal:
+        proxy = cast(StoreProxy, self)
+        return await proxy._renew_owner(owner_id, leases, revisions, following, lease_ms)
+
+
 class _Queueing:
     """Mixed into a wrapper whose inner store offers ``submit`` (``Queues``)."""
 
@@ -112,15 +130,16 @@ class StoreProxy:
     """
 
     batch_renewal: ClassVar[bool] = True
-    """Whether the wrapper offers ``renew_all`` when its inner store does."""
+    """Whether the wrapper offers ``renew_all`` and ``renew_owner`` when its inner store does."""
 
-    _variants: ClassVar[dict[tuple[type, bool, bool, bool, bool, bool], type]] = {}
+    _variants: ClassVar[dict[tuple[type, bool, bool, bool, bool, bool, bool], type]] = {}
 
     def __new__(cls, inner: Store, *args: Any, **kwargs: Any) -> Self:
         settling, stamping = settles(inner), stamps_creation(inner)
         renewing = cls.batch_renewal and renews_leases(inner)
+        owning = cls.batch_renewal and renews_owner_lease(inner)
         queueing, signalling = queues(inner), signals_queue(inner)
-        key = (cls, settling, stamping, renewing, queueing, signalling)
+        key = (cls, settling, stamping, renewing, owning, queueing, signalling)
         variant = StoreProxy._variants.get(key)
         if variant is None:
             mixins: tuple[type, ...] = ()
@@ -130,6 +149,8 @@ class StoreProxy:
                 mixins += (_StampingCreation,)
             if renewing:
                 mixins += (_RenewingAll,)
+            if owning:
+                mixins += (_RenewingOwner,)
             if queueing:
                 mixins += (_Queueing,)
             if signalling:
@@ -205,6 +226,19 @@ class StoreProxy:
         inner = self.inner
         assert renews_leases(inner)
         return await inner.renew_all(owner_id, leases, lease_ms)
+
+    async def _renew_owner(
+        self,
+        owner_id: str,
+        leases: list[Lease] | tuple[Lease, ...],
+        revisions: list[int] | tuple[int, ...],
+        following: int | None,
+        lease_ms: int,
+    ) -> OwnerRenewal:
+        """What ``renew_owner`` does (offered only when ``inner`` offers it)."""
+        inner = self.inner
+        assert renews_owner_lease(inner)
+        return await inner.renew_owner(owner_id, leases, revisions, following, lease_ms)
 
     async def _submit(
         self,
@@ -318,14 +352,22 @@ class CountingStore(StoreProxy):
     """Each successful call of these is one durable commit on a SQL store."""
 
     renewed: int
-    """Leases renewed by ``renew_all`` (each call that renewed any is one commit)."""
+    """Leases renewed by ``renew_all`` or ``renew_owner`` (each call that renewed any is one
+    commit)."""
 
     def __init__(self, inner: Store) -> None:
         super().__init__(inner)
         self.calls: Counter[str] = Counter()
         self.renewed = 0
 
-    OPTIONAL_WRITES = ("create_claimed", "create_claimed_stamped", "settle", "renew_all", "submit")
+    OPTIONAL_WRITES = (
+        "create_claimed",
+        "create_claimed_stamped",
+        "settle",
+        "renew_all",
+        "renew_owner",
+        "submit",
+    )
     """Optional store operations that write, counted when the inner store offers them (a
     ``settle`` when it answers a ``Transition``: it then released the claim, a write even when
     the event itself was ``unchanged`` or a ``duplicate``)."""
@@ -403,6 +445,21 @@ class CountingStore(StoreProxy):
             self.calls["renew_all"] += 1
             self.renewed += renewed
         return results
+
+    async def _renew_owner(
+        self,
+        owner_id: str,
+        leases: list[Lease] | tuple[Lease, ...],
+        revisions: list[int] | tuple[int, ...],
+        following: int | None,
+        lease_ms: int,
+    ) -> OwnerRenewal:
+        answer = await super()._renew_owner(owner_id, leases, revisions, following, lease_ms)
+        renewed = len(leases) - len(answer.lost)
+        if renewed:
+            self.calls["renew_owner"] += 1
+            self.renewed += renewed
+        return answer
 
     async def _submit(
         self,

@@ -127,6 +127,7 @@ from tritask.tasks.store import (
     LeaseLost,
     LedgerEntry,
     NotFound,
+    OwnerRenewal,
     Renewed,
     RequestAuthority,
     Scope,
@@ -145,6 +146,7 @@ from tritask.tasks.store import (
     check_limit,
     check_operator_action,
     check_owner,
+    check_owner_renewal,
     check_positive_int,
     check_positive_ms,
     check_renewals,
@@ -309,6 +311,9 @@ _DETACH = "UPDATE tritask_tasks SET claim_follows = 0, claim_expires_at_us = ? W
 #: A renewed claim that had its own expiry (new since the last batch, or renewed alone): a
 #: fresh token too, so the old value is stale even at the instant of its claim.
 _ATTACH = "UPDATE tritask_tasks SET claim_follows = 1, claim_token = ? WHERE task_id = ?"
+#: ``renew_owner``: a claim starts following the owner's row and keeps its token (the caller
+#: holds it and builds the claim's exact lease from the row's expiry).
+_FOLLOW = "UPDATE tritask_tasks SET claim_follows = 1 WHERE task_id = ?"
 #: When ``claim_next`` found nothing: the first instant at which an active task could become
 #: claimable without any write (a retry falling due, a live claim of this epoch lapsing; the
 #: claim query's own predicate, turned into a time). ``:now`` for a row the predicate already
@@ -1568,6 +1573,102 @@ class SqliteStore:
                 revision,
             )
         return results
+
+    async def renew_owner(
+        self,
+        owner_id: str,
+        leases: list[Lease] | tuple[Lease, ...],
+        revisions: list[int] | tuple[int, ...],
+        following: int | None,
+        lease_ms: int,
+    ) -> OwnerRenewal:
+        """``RenewsOwnerLease``: as :meth:`renew_all` (one transaction, the owner's row in
+        ``tritask_owner_leases`` written, only claims whose state changes written besides), but
+        the answer is one value: no lease, no ``Renewed``, no row kept per task, so a heartbeat
+        of 20,000 attempts leaves nothing behind for the cyclic collector to promote.
+
+        A renewed claim keeps its token: one that starts following the row (``_FOLLOW``) is
+        its caller's held lease at the row's expiry from now on; one that follows it already
+        is not written at all."""
+        self._ensure_open()
+        owner_id, batch, known, following, lease_ms = check_owner_renewal(
+            owner_id, leases, revisions, following, lease_ms
+        )
+        if not batch:
+            await trio.lowlevel.checkpoint()
+            return OwnerRenewal(None, (), ())
+        store_id, epoch = self._id, self._epoch
+        # The index of the first lease of each task, -1 if it is not of this store, epoch and
+        # owner (a later lease of the same task is lost, whatever the first one's fate).
+        wanted: dict[str, int] = {}
+        setdefault = wanted.setdefault
+        matching = 0
+        for index, lease in enumerate(batch):
+            ours = (
+                lease.owner_id == owner_id and lease.store_id == store_id and lease.epoch == epoch
+            )
+            if setdefault(lease.task_id, index if ours else -1) == index:
+                matching += 1
+        if not matching:
+            await trio.lowlevel.checkpoint()
+            return OwnerRenewal(None, tuple(range(len(batch))), ())
+
+        def body(
+            conn: sqlite3.Connection, now: int
+        ) -> tuple[int | None, bytearray, list[int], list[str]]:
+            expires_at = now + lease_ms * 1000
+            found = conn.execute(_OWNER_LEASE, (owner_id,)).fetchone()
+            shared = None if found is None else found[0]
+            # The owner's following claims are live, and the caller's, only while the row is
+            # the expiry it holds.
+            held = shared is not None and following == shared and now < shared
+            renewed = bytearray(len(batch))
+            count = 0
+            changed: list[int] = []
+            attach: list[str] = []
+            detach: list[tuple[int, str]] = []
+            get = wanted.get
+            for task_id, token, generation, own, claim_epoch, follows, revision in conn.execute(
+                _OWNER_CLAIMS, (owner_id,)
+            ):
+                index = get(task_id, -1)
+                if index >= 0 and claim_epoch == epoch:
+                    lease = batch[index]
+                    if (
+                        token == lease.token
+                        and generation == lease.generation
+                        and (held if follows else now < own == lease.expires_at)
+                    ):
+                        renewed[index] = 1
+                        count += 1
+                        if revision > known[index]:
+                            changed.append(index)
+                        if not follows:
+                            attach.append(task_id)
+                        continue
+                if follows:
+                    detach.append((0 if shared is None else shared, task_id))
+            if detach:
+                conn.executemany(_DETACH, detach)
+            if attach:
+                conn.executemany(_FOLLOW, ((task_id,) for task_id in attach))
+            if count:
+                conn.execute(_SET_OWNER_LEASE, (owner_id, expires_at))
+                return expires_at, renewed, changed, attach
+            if found is not None:
+                conn.execute(_DROP_OWNER_LEASE, (owner_id,))  # nothing follows it any more
+            return None, renewed, changed, attach
+
+        expires_at, renewed, changed, attach = await self._transact(
+            body, write=True, frees_nothing=True
+        )
+        recent = self._recent
+        if recent:
+            for task_id in attach:
+                recent.pop(task_id, None)  # a settle would not match it any more
+        lost = tuple(index for index, done in enumerate(renewed) if not done)
+        changed.sort()
+        return OwnerRenewal(expires_at, lost, tuple(changed))
 
     async def release(self, lease: Lease) -> None:
         self._ensure_open()

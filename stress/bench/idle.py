@@ -97,6 +97,7 @@ def idle_app(
             "writes": store.writes,
             "calls": dict(store.calls),
             "renewed": store.renewed,
+            "renewal": _renewal(store),
             "pid": os.getpid(),
             "cpuSeconds": time.process_time(),
             "gcSeconds": collecting.seconds,
@@ -104,6 +105,17 @@ def idle_app(
         }
 
     return IdleApp(app, store, tasks)
+
+
+def _renewal(store: Any) -> str:
+    """How the server's runner renews its leases: the store capability it uses."""
+    from tritask.tasks.store import renews_leases, renews_owner_lease
+
+    if renews_owner_lease(store):
+        return "batch (renew_owner)"
+    if renews_leases(store):
+        return "batch (renew_all)"
+    return "per attempt"
 
 
 class _GcClock:
@@ -296,7 +308,7 @@ async def _idle_run(
         "created": len(created),
         "runningAtStart": before["jobs"],
         "runningAtEnd": after["jobs"],
-        "renewal": "per attempt" if per_attempt else "batch (renew_all)",
+        "renewal": after.get("renewal", "per attempt" if per_attempt else "batch"),
         "creationSeconds": round(creation_seconds, 3),
         "windowSeconds": round(window, 3),
         "heartbeatSeconds": heartbeat_s,

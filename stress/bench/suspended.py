@@ -69,6 +69,12 @@ class _Writes(StoreProxy):
         self.calls["renew_all"] += 1
         return await super()._renew_all(owner_id, leases, lease_ms)
 
+    async def _renew_owner(
+        self, owner_id: str, leases: Any, revisions: Any, following: Any, lease_ms: int
+    ) -> Any:
+        self.calls["renew_owner"] += 1
+        return await super()._renew_owner(owner_id, leases, revisions, following, lease_ms)
+
     async def claim_next(self, owner_id: str, lease_ms: int) -> Claimed | None:
         claimed = await super().claim_next(owner_id, lease_ms)
         if claimed is not None:

@@ -45,7 +45,7 @@ from tritask.tasks.extension import Tasks
 from tritask.tasks.instrumentation import LoggingInstrumentation
 from tritask.tasks.memory import MemoryStore
 from tritask.tasks.runner import Runner
-from tritask.tasks.store import LEASE_LOST, StaleLease, Store, TaskInspection
+from tritask.tasks.store import LEASE_LOST, OwnerRenewal, StaleLease, Store, TaskInspection
 from tritask.tasks.work import RetryPolicy, TraceContext, Work
 from tritask.testing.client import Client
 
@@ -640,6 +640,12 @@ class FencedStore(MemoryStore):
     async def renew_all(self, owner_id: str, leases: Any, lease_ms: int) -> Any:
         await trio.lowlevel.checkpoint()
         return [LEASE_LOST] * len(leases)
+
+    async def renew_owner(
+        self, owner_id: str, leases: Any, revisions: Any, following: Any, lease_ms: int
+    ) -> Any:
+        await trio.lowlevel.checkpoint()
+        return OwnerRenewal(None, tuple(range(len(leases))), ())
 
 
 async def test_losses_fencing_expirations_and_tool_errors_are_counted(

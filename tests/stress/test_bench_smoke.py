@@ -235,10 +235,11 @@ def test_bench_idle_sqlite_smoke() -> None:
     assert (tritask["created"], tritask["runningAtStart"], tritask["runningAtEnd"]) == (24, 24, 24)
     assert tritask["sampleStatuses"] == ["working"]
     assert tritask["heartbeatSeconds"] == 0.5
-    heartbeats = tritask["storeCalls"]["renew_all"]
+    assert tritask["renewal"] == "batch (renew_owner)"
+    heartbeats = tritask["storeCalls"]["renew_owner"]
     assert 3 <= heartbeats <= 5  # one call per heartbeat in a 2 s window
     assert tritask["leasesRenewed"] == 24 * heartbeats
-    assert set(tritask["storeCalls"]) == {"renew_all"}
+    assert set(tritask["storeCalls"]) == {"renew_owner"}
     assert tritask["storeCommits"] == heartbeats
     assert result["params"]["commitLimitPerSecond"] == 3.0
     assert baseline["renewal"] == "per attempt"

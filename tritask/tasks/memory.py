@@ -14,6 +14,10 @@ Choices worth knowing:
 * it is a queue (:class:`~tritask.tasks.store.Queues`): a submitted task waits unclaimed, its
   status message :data:`~tritask.tasks.store.QUEUED_MESSAGE` until its first claim, and
   ``listen_queue`` callbacks hear of every commit that may make one claimable;
+* ``renew_owner`` (:class:`~tritask.tasks.store.RenewsOwnerLease`) keeps, per owner, its
+  latest batch and the owner lease's expiry; a claim follows it while it is the claim that
+  batch renewed (the same object), so a claim left out, renewed alone or replaced has its own
+  expiry again without any write;
 * values crossing the boundary are copied both ways, so callers mutating a returned snapshot,
   event or effect cannot change the stored state (as with a real database).
 """
@@ -70,6 +74,7 @@ from tritask.tasks.store import (
     LeaseLost,
     LedgerEntry,
     NotFound,
+    OwnerRenewal,
     Renewed,
     RequestAuthority,
     Scope,
@@ -86,6 +91,7 @@ from tritask.tasks.store import (
     check_limit,
     check_operator_action,
     check_owner,
+    check_owner_renewal,
     check_positive_ms,
     check_renewals,
     check_submit,
@@ -144,6 +150,10 @@ class _Entry:
     snapshot: Snapshot
     scope: str
     claim: Lease | None = None
+    following: Lease | None = None
+    """The claim as ``renew_owner`` last renewed it: it follows its owner's lease while it is
+    still ``claim`` (the same object) and ``follow_serial`` is the owner's latest batch."""
+    follow_serial: int = 0
     generation: int = 0
     sched: int = 0
     concurrency: Concurrency | None = None
@@ -195,6 +205,9 @@ class MemoryStore:
         self._items = 0
         """Heap items pushed since the last compaction (an upper bound of the heaps' sizes)."""
         self._serials = itertools.count(1)
+        # renew_owner: each owner's latest batch (its serial) and the owner lease's expiry.
+        self._owners: dict[str, tuple[int, int]] = {}
+        self._batch_serials = itertools.count(1)
         self._closed = False
         self._feed = ChangeFeed()
 
@@ -548,6 +561,72 @@ class MemoryStore:
             self._reschedule(entry, now)
             results.append(Renewed(renewed, entry.snapshot.revision))
         return results
+
+    async def renew_owner(
+        self,
+        owner_id: str,
+        leases: list[Lease] | tuple[Lease, ...],
+        revisions: list[int] | tuple[int, ...],
+        following: int | None,
+        lease_ms: int,
+    ) -> OwnerRenewal:
+        """Renew every lease of ``owner_id`` that is its task's live claim by extending its
+        owner lease, in one step (:class:`~tritask.tasks.store.RenewsOwnerLease`)."""
+        now = await self._enter()
+        owner_id, batch, known, following, lease_ms = check_owner_renewal(
+            owner_id, leases, revisions, following, lease_ms
+        )
+        if not batch:
+            return OwnerRenewal(None, (), ())
+        expires_at = now + lease_ms * 1000
+        previous = self._owners.get(owner_id)
+        serial = next(self._batch_serials)
+        seen: set[str] = set()  # only the first lease of a task counts
+        renewed = False
+        lost: list[int] = []
+        changed: list[int] = []
+        for index, lease in enumerate(batch):
+            entry = self._entries.get(lease.task_id) if lease.store_id == self._id else None
+            claim = None if entry is None else entry.claim
+            repeat = lease.task_id in seen
+            seen.add(lease.task_id)
+            if (
+                entry is None
+                or claim is None
+                or repeat
+                or lease.owner_id != owner_id
+                or now >= claim.expires_at
+            ):
+                lost.append(index)
+                continue
+            follows = (
+                previous is not None
+                and entry.following is claim
+                and entry.follow_serial == previous[0]
+            )
+            if follows:
+                assert previous is not None
+                matches = following == previous[1] and claim == attrs.evolve(
+                    lease, expires_at=claim.expires_at
+                )
+            else:
+                matches = claim == lease
+            if not matches:
+                lost.append(index)
+                continue
+            renewed = True
+            entry.claim = entry.following = attrs.evolve(claim, expires_at=expires_at)
+            entry.follow_serial = serial
+            self._reschedule(entry, now)
+            if entry.snapshot.revision > known[index]:
+                changed.append(index)
+        # Claims that followed the previous batch and are not in this one keep their expiry
+        # as their own: they no longer match this batch's serial.
+        if renewed:
+            self._owners[owner_id] = (serial, expires_at)
+            return OwnerRenewal(expires_at, tuple(lost), tuple(changed))
+        self._owners.pop(owner_id, None)
+        return OwnerRenewal(None, tuple(lost), ())
 
     async def release(self, lease: Lease) -> None:
         now = await self._enter()

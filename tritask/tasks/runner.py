@@ -83,6 +83,7 @@ from tritask.tasks.store import (
     NotFound,
     OffersWakeups,
     RenewsLeases,
+    RenewsOwnerLease,
     RequestAuthority,
     StaleLease,
     Store,
@@ -91,6 +92,7 @@ from tritask.tasks.store import (
     offers_changes,
     queues,
     renews_leases,
+    renews_owner_lease,
     settles,
     signals_queue,
     stamps_creation,
@@ -181,9 +183,18 @@ class _LeaseGuard:
 
 
 @attrs.define(eq=False)
+class _OwnerLease:
+    """The runner's owner lease as the store last answered ``renew_owner``: the expiry of
+    every attempt's claim that follows it (``None``: nothing follows it)."""
+
+    expires_at: int | None = None
+
+
+@attrs.define(eq=False)
 class _Job:
     task_id: str
-    lease: Lease
+    held: Lease
+    """The lease this attempt holds: its exact live claim, unless it follows ``owner``."""
     revision: int
     work: Work
     source: Source
@@ -213,6 +224,26 @@ class _Job:
     """The task's input keys as this attempt knows them (a step or sleep may not reuse one)."""
     wake_delay_ms: int | None = None
     """Set when the attempt ended by a durable sleep's suspension: how long until it is due."""
+    owner: _OwnerLease | None = None
+    """The runner's owner lease while this attempt's claim follows it (``renew_owner``)."""
+
+    @property
+    def lease(self) -> Lease:
+        """The exact live claim as this attempt knows it: ``held``, or, while the claim follows
+        the runner's owner lease, ``held`` at the owner lease's expiry. Built when read (by a
+        write, under the lease lock), so a heartbeat makes no object per attempt."""
+        owner = self.owner
+        if owner is None:
+            return self.held
+        expires_at = owner.expires_at
+        assert expires_at is not None
+        return attrs.evolve(self.held, expires_at=expires_at)
+
+    @lease.setter
+    def lease(self, value: Lease) -> None:
+        """An exact lease of the attempt's own (a claim, a renewal alone)."""
+        self.held = value
+        self.owner = None
 
 
 @attrs.define(eq=False)
@@ -394,6 +425,10 @@ class Runner:
         self._timer_added = trio.Event()
         self._renewal_added = trio.Event()
         self._batch_renewal = False
+        # renew_owner: the owner lease, and the attempts of the last batch (those whose claim
+        # may follow it).
+        self._owner_lease = _OwnerLease()
+        self._following: list[_Job] = []
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -421,9 +456,16 @@ class Runner:
                 if self.reap_interval_ms is not None:
                     nursery.start_soon(self._reap_loop)
                 store = self.store
-                if renews_leases(store):
+                if renews_owner_lease(store):
                     self._batch_renewal = True
-                    nursery.start_soon(self._renewal_loop, store)
+                    nursery.start_soon(
+                        self._renewal_loop, functools.partial(self._renew_owner_batch, store)
+                    )
+                elif renews_leases(store):
+                    self._batch_renewal = True
+                    nursery.start_soon(
+                        self._renewal_loop, functools.partial(self._renew_batch, store)
+                    )
                 nursery.start_soon(self._timer_loop)
                 task_status.started(self)
                 await self._stopping.wait()
@@ -961,7 +1003,7 @@ class Runner:
         )
         job = _Job(
             task_id=lease.task_id,
-            lease=lease,
+            held=lease,
             revision=snapshot.revision,
             work=snapshot.work,
             source=source,
@@ -1401,8 +1443,11 @@ class Runner:
         self._request_stop(job, reason)
         await job.done.wait()
 
-    async def _renewal_loop(self, store: RenewsLeases) -> None:
-        """Every attempt's heartbeat in one store call (a store that offers ``renew_all``).
+    async def _renewal_loop(
+        self, renew: Callable[[list[_Job], trio.Event], Awaitable[None]]
+    ) -> None:
+        """Every attempt's heartbeat in one store call (a store that offers ``renew_owner``,
+        :meth:`_renew_owner_batch`, or ``renew_all``, :meth:`_renew_batch`).
 
         It waits until the earliest attempt's heartbeat is due (``heartbeat_ms`` after its
         start, or after its previous renewal), then renews every running attempt's lease in one
@@ -1441,13 +1486,13 @@ class Runner:
                 batch.append(job)
             if batch:
                 try:
-                    await self._renew_batch(store, batch)
+                    await renew(batch, marked)
                 finally:
                     for job in batch:
                         job.lease_lock.batch = None
                     marked.set()
 
-    async def _renew_batch(self, store: RenewsLeases, batch: list[_Job]) -> None:
+    async def _renew_batch(self, store: RenewsLeases, batch: list[_Job], _: trio.Event) -> None:
         """``renew_all`` for ``batch``, whose attempts wait for it before using their lease."""
         try:
             results = await store.renew_all(
@@ -1477,6 +1522,69 @@ class Runner:
                 )
             if result.revision > job.revision:
                 self._spawn_helper(job, self._refresh)
+
+    async def _renew_owner_batch(
+        self, store: RenewsOwnerLease, batch: list[_Job], marked: trio.Event
+    ) -> None:
+        """``renew_owner`` for ``batch`` (its attempts are ``marked`` and wait for it before
+        using their lease): one answer for the whole batch, so a heartbeat makes no object per
+        attempt. Each attempt passes the lease it holds; a claim renewed here follows the owner
+        lease, whose expiry is the runner's to remember and every following attempt's exact
+        lease is built from (see ``_Job.lease``).
+
+        A following claim left out of the batch (its lock was busy, it is ending) keeps the
+        expiry it has as its own in the store, so its attempt takes that exact lease as its own
+        first. A lost lease stops its attempt alone; an owner lease that lapsed loses them all,
+        as their leases would have. A transient failure changes nothing here: the store either
+        committed nothing, or the next batch finds the owner lease's expiry not the one passed
+        and loses every following lease (the runner cannot know the claims it holds then)."""
+        owner = self._owner_lease
+        for job in self._following:
+            if job.owner is not None and job.lease_lock.batch is not marked:
+                job.lease = job.lease  # left out: the expiry it has becomes its own
+        self._following = batch
+        try:
+            answer = await store.renew_owner(
+                self.owner_id,
+                [job.held for job in batch],
+                [job.revision for job in batch],
+                owner.expires_at,
+                self.lease_ms,
+            )
+        except Exception:
+            # A transient store failure is not a lost lease: the store decides that, and
+            # the next heartbeat finds the claims lost once they have really lapsed.
+            log.exception("renewing %d leases failed; retrying next heartbeat", len(batch))
+            return
+        owner.expires_at = answer.expires_at
+        lost = answer.lost
+        if lost:
+            gone = set(lost)
+            for index, job in enumerate(batch):
+                if index in gone:
+                    job.owner = None  # its claim no longer follows the owner lease
+                    self._emit(
+                        ins.LEASE_LOST,
+                        {"generation": job.held.generation},
+                        {"task_id": job.task_id},
+                    )
+                    self._request_stop(job, "stale_lease")
+                else:
+                    job.owner = owner
+        else:
+            for job in batch:
+                job.owner = owner
+        if self.instrumentation is not None:
+            gone = set(lost)
+            for index, job in enumerate(batch):
+                if index not in gone:
+                    self._emit(
+                        ins.LEASE_RENEWED,
+                        {"generation": job.held.generation},
+                        {"task_id": job.task_id},
+                    )
+        for index in answer.changed:
+            self._spawn_helper(batch[index], self._refresh)
 
     async def _renew_alone(self, job: _Job) -> None:
         """One heartbeat of one attempt, on a batch-renewing store (its lock was busy)."""

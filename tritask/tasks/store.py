@@ -82,9 +82,11 @@ __all__ = [
     "ListsTasks",
     "NotFound",
     "OffersChanges",
+    "OwnerRenewal",
     "Queues",
     "Renewed",
     "RenewsLeases",
+    "RenewsOwnerLease",
     "RequestAuthority",
     "Scope",
     "Settles",
@@ -110,6 +112,7 @@ __all__ = [
     "check_limit",
     "check_operator_action",
     "check_owner",
+    "check_owner_renewal",
     "check_positive_int",
     "check_positive_ms",
     "check_renewals",
@@ -123,6 +126,7 @@ __all__ = [
     "offers_changes",
     "queues",
     "renews_leases",
+    "renews_owner_lease",
     "require_scope",
     "resolve_scope",
     "settles",
@@ -392,6 +396,25 @@ class Renewed:
 
     lease: Lease
     revision: int
+
+
+@attrs.frozen
+class OwnerRenewal:
+    """The answer of :meth:`RenewsOwnerLease.renew_owner`: one value for the whole batch, so
+    a heartbeat of thousands of attempts makes no object per attempt.
+
+    ``expires_at`` is the owner lease's new expiry (the batch's one store instant plus
+    ``lease_ms``): every lease of the batch not in ``lost`` now follows the owner lease and
+    expires at it. ``None`` when the batch renewed nothing (nothing follows the owner lease).
+    ``lost`` are the indexes, ascending, of the batch's leases that were not renewed (what
+    :data:`LEASE_LOST` says in a ``renew_all`` answer). ``changed`` are the indexes, ascending,
+    of renewed leases whose task's revision is above the revision the caller gave for it: an
+    answer or a cancellation committed elsewhere, which the caller re-reads.
+    """
+
+    expires_at: int | None
+    lost: tuple[int, ...]
+    changed: tuple[int, ...]
 
 
 @attrs.frozen(kw_only=True)
@@ -723,6 +746,27 @@ def check_renewals(
     return owner_id, list(leases), lease_ms
 
 
+def check_owner_renewal(
+    owner_id: object, leases: object, revisions: object, following: object, lease_ms: object
+) -> tuple[str, list[Lease], list[int], int | None, int]:
+    """The arguments of :meth:`RenewsOwnerLease.renew_owner`: an owner, a sequence of leases
+    and one of revisions (lists or tuples of the same length, so indexes are the answer's), the
+    owner lease's expiry as the caller holds it (an instant, or ``None``), a positive
+    ``lease_ms``."""
+    owner_id = check_owner(owner_id)
+    lease_ms = check_positive_ms(lease_ms, "lease_ms")
+    if not isinstance(leases, list | tuple) or not all(isinstance(x, Lease) for x in leases):
+        raise TypeError("renew_owner needs a list or tuple of leases")
+    if not isinstance(revisions, list | tuple) or len(revisions) != len(leases):
+        raise TypeError("renew_owner needs a list or tuple of revisions, one per lease")
+    for revision in revisions:
+        if type(revision) is not int or revision < 0:
+            raise TypeError("a revision is an int >= 0")
+    if following is not None and type(following) is not int:
+        raise TypeError("following is the owner lease's expiry (an int) or None")
+    return owner_id, list(leases), list(revisions), following, lease_ms
+
+
 def decode_ledger(snapshot: Snapshot, rows: Iterable[tuple[Any, ...]]) -> list[LedgerEntry]:
     """A persisted ledger decoded and validated against itself and the task's record.
 
@@ -977,6 +1021,58 @@ class RenewsLeases(Protocol):
     ) -> list[Renewed | LeaseLost]: ...
 
 
+@runtime_checkable
+class RenewsOwnerLease(Protocol):
+    """A store that renews every lease of one owner by extending one owner lease, and answers
+    with one value (:class:`OwnerRenewal`), not one per lease.
+
+    ``renew_owner(owner_id, leases, revisions, following, lease_ms)`` decides, at one store
+    instant ``now`` and in one atomic step (one commit), which leases of the batch are renewed.
+    A claim renewed by it *follows* the owner lease of ``owner_id`` from then on: its store,
+    task, owner, token, generation and epoch stay exactly the lease's, its expiry is the owner
+    lease's, ``now + lease_ms`` (every renewed claim of a batch gets the same one, the
+    answer's ``expires_at``). So the caller keeps the lease it holds and knows the exact live
+    claim as that lease with ``expires_at`` set to the last answer's; it passes the held lease
+    and that expiry (``following``; ``None`` when nothing of its follows) to the next batch.
+
+    A lease of the batch is renewed when it is its task's live claim (at ``now``) and its
+    ``owner_id`` is ``owner_id``: its store, task, owner, token, generation and epoch are the
+    claim's, and either the claim follows the owner lease and ``following`` is exactly the
+    owner lease's current expiry (the lease's own ``expires_at`` is not looked at: the claim
+    has none), or the claim does not follow it and the lease is exactly the claim, expiry
+    included (a claim made or renewed alone since the last batch). Anything else is lost, as in
+    :meth:`RenewsLeases.renew_all`: a stale generation or token, an expired claim (an owner
+    lease that lapsed loses every claim that follows it; an expired claim is not revived),
+    a released claim, a deleted task, another store or owner, a ``following`` that is not the
+    owner lease's expiry, a lease of a task that an earlier lease of the batch is for (only the
+    first lease of each task counts, renewed or lost). A lost lease changes nothing and never
+    affects the others.
+
+    A claim that follows the owner lease and is not renewed by the batch (left out, or lost)
+    keeps exactly the expiry it had, as its own, and no longer follows it; so does a claim
+    renewed alone (``renew``, with a fresh token as always). ``revisions[i]`` is the revision
+    the caller knows of the task of ``leases[i]``: a renewed lease whose task is at a higher
+    revision is in ``changed``. An empty batch commits nothing and answers
+    ``OwnerRenewal(None, (), ())``.
+
+    Unlike ``renew`` and ``renew_all``, a renewal here keeps the token: the held lease with its
+    old expiry is stale once the expiry moved, and the same claim renewed to the same instant
+    (a batch at the claim's own instant) is simply the same value. Runners use it in
+    preference to ``renew_all`` when the store offers it: a heartbeat then makes no object per
+    attempt. Detected on the store's class (:func:`renews_owner_lease`), for the reason given
+    under :class:`Settles`.
+    """
+
+    async def renew_owner(
+        self,
+        owner_id: str,
+        leases: list[Lease] | tuple[Lease, ...],
+        revisions: list[int] | tuple[int, ...],
+        following: int | None,
+        lease_ms: int,
+    ) -> OwnerRenewal: ...
+
+
 def _class_offers(store: object, name: str) -> bool:
     return callable(getattr(type(store), name, None))
 
@@ -999,6 +1095,11 @@ def stamps_creation(store: object) -> TypeGuard[StampsCreation]:
 def renews_leases(store: object) -> TypeGuard[RenewsLeases]:
     """Whether ``store``'s class offers :class:`RenewsLeases`."""
     return _class_offers(store, "renew_all")
+
+
+def renews_owner_lease(store: object) -> TypeGuard[RenewsOwnerLease]:
+    """Whether ``store``'s class offers :class:`RenewsOwnerLease`."""
+    return _class_offers(store, "renew_owner")
 
 
 def queues(store: object) -> TypeGuard[Queues]:

@@ -66,8 +66,10 @@ from tritask.tasks.store import (
     InvalidScope,
     InvalidTask,
     Lease,
+    OwnerRenewal,
     Renewed,
     RenewsLeases,
+    RenewsOwnerLease,
     RequestAuthority,
     Scope,
     StaleLease,
@@ -87,6 +89,7 @@ from tritask.tasks.store import (
     offers_changes,
     queues,
     renews_leases,
+    renews_owner_lease,
     settles,
     stamps_creation,
 )
@@ -1722,6 +1725,337 @@ class StoreContract:
             # The other tasks' batch leases are untouched by all of it.
             for n, lease in ((1, leases[1]), (2, leases[2])):
                 assert isinstance(await store.worker_snapshot(f"task-{n}", lease), Snapshot)
+
+    # -- optional capability: renew_owner ---------------------------------------------------------
+
+    def owner_renewer(self, store: Store) -> RenewsOwnerLease:
+        if not renews_owner_lease(store):
+            pytest.skip("the store does not offer renew_owner")
+        return store
+
+    async def test_renew_owner_renews_live_leases_and_loses_each_stale_one_alone(self) -> None:
+        """One answer for the batch: the owner lease's expiry, the indexes of the leases lost
+        (a stale generation, token, expiry, owner or store, a repeat), the indexes whose task
+        moved past the revision given. Each renewed claim is its held lease at that expiry."""
+        async with self.store() as store, self.store() as other:
+            renewer = self.owner_renewer(store)
+            for n in range(1, 7):
+                await self.create(store, f"task-{n}")
+            await self.create(other, "task-1")
+            first = await self.claimed(store, "task-1")
+            old_generation = await self.claimed(store, "task-2")
+            await store.release(old_generation)
+            second = await self.claimed(store, "task-2")
+            old_token = await self.claimed(store, "task-3")
+            third = await store.renew(old_token, LEASE_MS)
+            fourth = await self.claimed(store, "task-4")
+            foreign = await self.claimed(store, "task-5", owner="owner-2")
+            sixth = await self.claimed(store, "task-6")
+            elsewhere = await self.claimed(other, "task-1")
+            await self.applied(
+                store, "task-6", 0, Event.input_requested("a", ASK), WorkerAuthority(sixth)
+            )
+            await self.advance(10_000)
+            batch = [
+                first,
+                old_generation,
+                old_token,
+                attrs.evolve(fourth, token="forged"),
+                attrs.evolve(fourth, generation=fourth.generation + 1),
+                attrs.evolve(fourth, expires_at=fourth.expires_at + 1000),
+                foreign,
+                elsewhere,
+                sixth,
+                first,  # a repeat: lost once the first one renewed the task
+            ]
+            answer = await renewer.renew_owner("owner-1", batch, [0] * 10, None, LEASE_MS)
+            expiry = START + 10_000_000 + LEASE_MS * 1000
+            assert answer == OwnerRenewal(expiry, (1, 2, 3, 4, 5, 6, 7, 9), (8,))
+            for old in (first, sixth):
+                with pytest.raises(StaleLease):
+                    await store.worker_snapshot(old.task_id, old)
+                live = attrs.evolve(old, expires_at=expiry)
+                assert isinstance(await store.worker_snapshot(old.task_id, live), Snapshot)
+            for task_id, live in (
+                ("task-2", second),
+                ("task-3", third),
+                ("task-4", fourth),
+                ("task-5", foreign),
+            ):
+                assert isinstance(await store.worker_snapshot(task_id, live), Snapshot)
+            assert isinstance(await other.worker_snapshot("task-1", elsewhere), Snapshot)
+            await self.advance(LEASE_MS - 10_000)
+            claimed = [await store.claim_next("owner-3", LEASE_MS) for _ in range(5)]
+            assert sorted(c.lease.task_id for c in claimed if c is not None) == [
+                "task-2",
+                "task-3",
+                "task-4",
+                "task-5",
+            ]
+            assert await store.claim("task-1", "owner-3", LEASE_MS) is UNAVAILABLE
+            await self.advance(10_000 - 1)
+            assert await store.claim("task-1", "owner-3", LEASE_MS) is UNAVAILABLE
+            await self.advance(1)
+            again = await store.claim("task-1", "owner-3", LEASE_MS)
+            assert isinstance(again, Claimed)
+            assert again.lease.generation == first.generation + 1
+
+    async def test_renew_owner_keeps_held_leases_live_beat_after_beat(self) -> None:
+        """The caller keeps the leases it holds and passes the owner lease's expiry it was
+        told: heartbeat after heartbeat every claim stays its own, exactly the held lease at
+        the last expiry; a claim made since joins; a claim left out of a batch, or renewed
+        alone, keeps exactly the expiry it had (and joins again with that exact lease); a
+        revision written since the one given is reported. When the runner stops renewing,
+        each task becomes claimable at exactly its own last expiry."""
+        beat_ms = LEASE_MS // 3
+        async with self.store() as store:
+            renewer = self.owner_renewer(store)
+            for n in range(4):
+                await self.create(store, f"task-{n}")
+            held = {f"task-{n}": await self.claimed(store, f"task-{n}") for n in range(4)}
+            following: int | None = None
+            for beat in range(1, 4):
+                await self.advance(beat_ms)
+                if beat == 2:  # claimed since the last batch: it joins this one
+                    await self.create(store, "task-4")
+                    held["task-4"] = await self.claimed(store, "task-4")
+                revisions = [0] * len(held)
+                answer = await renewer.renew_owner(
+                    "owner-1", list(held.values()), revisions, following, LEASE_MS
+                )
+                expiry = START + (beat * beat_ms + LEASE_MS) * 1000
+                assert answer == OwnerRenewal(expiry, (), ())
+                following = expiry
+                for task_id, lease in held.items():
+                    assert await store.claim(task_id, "owner-2", LEASE_MS) is UNAVAILABLE
+                    live = attrs.evolve(lease, expires_at=expiry)
+                    assert isinstance(await store.worker_snapshot(task_id, live), Snapshot)
+                    if live != lease:  # (task-4, claimed at the batch's instant, is the same)
+                        with pytest.raises(StaleLease):
+                            await store.worker_snapshot(task_id, lease)
+                assert await store.claim_next("owner-2", LEASE_MS) is None
+            assert following is not None
+            last = following
+            exact = {
+                task_id: attrs.evolve(lease, expires_at=last) for task_id, lease in held.items()
+            }
+            # task-2 moves on (a request elsewhere would do the same); the batch reports it.
+            await self.applied(
+                store,
+                "task-2",
+                0,
+                Event.input_requested("a", ASK),
+                WorkerAuthority(exact["task-2"]),
+            )
+            # task-0 is renewed alone (a shorter lease), task-1 is left out of the next batch.
+            await self.advance(beat_ms)
+            alone = await store.renew(exact["task-0"], LEASE_MS // 2)
+            assert alone.token != exact["task-0"].token
+            batch = [held["task-2"], held["task-3"], held["task-4"], alone]
+            answer = await renewer.renew_owner("owner-1", batch, [0] * 4, following, LEASE_MS)
+            final = START + (4 * beat_ms + LEASE_MS) * 1000
+            assert answer == OwnerRenewal(final, (), (0,))
+            following = final
+            assert isinstance(
+                await store.worker_snapshot("task-0", attrs.evolve(alone, expires_at=final)),
+                Snapshot,
+            )
+            # Left out: task-1 keeps the expiry it had, as its own.
+            assert isinstance(await store.worker_snapshot("task-1", exact["task-1"]), Snapshot)
+            with pytest.raises(StaleLease):
+                await store.worker_snapshot(
+                    "task-1", attrs.evolve(held["task-1"], expires_at=final)
+                )
+            # The next batch without task-1, then the runner dies: each task is free at exactly
+            # its own last expiry.
+            await self.advance(beat_ms)
+            batch = [held["task-2"], held["task-3"], alone]
+            answer = await renewer.renew_owner("owner-1", batch, [1, 0, 0], following, LEASE_MS)
+            latest = START + (5 * beat_ms + LEASE_MS) * 1000
+            assert answer == OwnerRenewal(latest, (), ())
+            now = START + 5 * beat_ms * 1000
+            for task_id, at in (("task-1", last), ("task-4", final), ("task-0", latest)):
+                if at > now:
+                    await self.advance((at - now) // 1000 - 1)
+                    assert await store.claim(task_id, "heir", LEASE_MS) is UNAVAILABLE, task_id
+                    await self.advance(1)
+                    now = at
+                adopted = await store.claim(task_id, "heir", LEASE_MS)
+                assert isinstance(adopted, Claimed), task_id
+                assert adopted.lease.generation == 2
+            again = await store.claim("task-3", "heir", LEASE_MS)
+            assert isinstance(again, Claimed) and again.lease.generation == 2
+            answer = await renewer.renew_owner("owner-1", batch, [0] * 3, following, LEASE_MS)
+            assert answer == OwnerRenewal(None, (0, 1, 2), ())
+
+    async def test_renew_owner_loses_every_following_lease_with_the_owner_lease(self) -> None:
+        """The owner lease is the expiry of every claim that follows it: once it lapses, or
+        when the caller's ``following`` is not its expiry, every following lease is lost (a
+        claim made since the last batch, exactly held, is renewed alone of them) and none is
+        revived; the stale attempts' writes are refused."""
+        async with self.store() as store:
+            renewer = self.owner_renewer(store)
+            for n in range(4):
+                await self.create(store, f"task-{n}")
+            held = [await self.claimed(store, f"task-{n}") for n in range(3)]
+            first = await renewer.renew_owner("owner-1", held, [0] * 3, None, LEASE_MS)
+            assert first.expires_at == START + LEASE_MS * 1000 and first.lost == ()
+            await self.advance(10_000)
+            fresh = await self.claimed(store, "task-3")
+            wrong = first.expires_at + 1000
+            answer = await renewer.renew_owner("owner-1", [*held, fresh], [0] * 4, wrong, LEASE_MS)
+            assert answer == OwnerRenewal(START + (10_000 + LEASE_MS) * 1000, (0, 1, 2), ())
+            # The lost claims kept their expiry: the exact leases still work until then.
+            exact = [attrs.evolve(lease, expires_at=first.expires_at) for lease in held]
+            assert isinstance(await store.worker_snapshot("task-0", exact[0]), Snapshot)
+            await self.advance(LEASE_MS - 10_000)  # the first batch's expiry: they lapse
+            assert answer.expires_at is not None
+            answer = await renewer.renew_owner(
+                "owner-1", [*held, fresh], [0] * 4, answer.expires_at, LEASE_MS
+            )
+            assert answer == OwnerRenewal(START + 2 * LEASE_MS * 1000, (0, 1, 2), ())
+            for n, lease in enumerate(exact):
+                with pytest.raises(StaleLease):
+                    await store.transition(
+                        f"task-{n}", 0, Event.completed({}), WorkerAuthority(lease)
+                    )
+                adopted = await store.claim(f"task-{n}", "heir", LEASE_MS)
+                assert isinstance(adopted, Claimed) and adopted.lease.generation == 2
+            # The following one lapses with its owner lease too, exactly then.
+            await self.advance(10_000 - 1)
+            assert await store.claim("task-3", "heir", LEASE_MS) is UNAVAILABLE
+            await self.advance(LEASE_MS)
+            answer = await renewer.renew_owner(
+                "owner-1", [fresh], [0], START + 2 * LEASE_MS * 1000, LEASE_MS
+            )
+            assert answer == OwnerRenewal(None, (0,), ())
+            adopted = await store.claim("task-3", "heir", LEASE_MS)
+            assert isinstance(adopted, Claimed) and adopted.lease.generation == 2
+
+    async def test_renew_owner_leaves_each_tasks_fencing_exact(self) -> None:
+        """After owner renewals, a stale attempt of one task (an older generation, another
+        token, owner or expiry) is refused for that task alone (reads, writes, renewals,
+        releases, batches), and the live held lease keeps working."""
+        async with self.store() as store:
+            renewer = self.owner_renewer(store)
+            for n in range(3):
+                await self.create(store, f"task-{n}")
+            old_generation = await self.claimed(store, "task-0")
+            await store.release(old_generation)
+            held = [await self.claimed(store, f"task-{n}") for n in range(3)]
+            assert held[0].generation == 2
+            following: int | None = None
+            for _ in range(2):
+                await self.advance(10_000)
+                answer = await renewer.renew_owner("owner-1", held, [0] * 3, following, LEASE_MS)
+                assert answer.lost == ()
+                following = answer.expires_at
+            assert following is not None
+            live = attrs.evolve(held[0], expires_at=following)
+            stale = [
+                attrs.evolve(old_generation, expires_at=following),
+                attrs.evolve(live, generation=1),
+                attrs.evolve(live, token="f" * 36),
+                attrs.evolve(live, owner_id="owner-2"),
+                attrs.evolve(live, expires_at=following - 1000),
+            ]
+            for lease in stale:
+                with pytest.raises(StaleLease):
+                    await store.worker_snapshot("task-0", lease)
+                with pytest.raises(StaleLease):
+                    await store.renew(lease, LEASE_MS)
+                with pytest.raises(StaleLease):
+                    await store.transition("task-0", 0, Event.completed({}), WorkerAuthority(lease))
+                with pytest.raises(StaleLease):
+                    await store.release(lease)
+            # In a batch, only the held lease's identity counts for a following claim (its
+            # expiry is the owner lease's): a stale generation, token or owner is lost.
+            answer = await renewer.renew_owner("owner-1", stale[:4], [0] * 4, following, LEASE_MS)
+            assert answer == OwnerRenewal(None, (0, 1, 2, 3), ())
+            # That batch renewed nothing: every claim that followed now has its expiry as its
+            # own, so only the exact lease renews it.
+            assert isinstance(await store.worker_snapshot("task-0", live), Snapshot)
+            answer = await renewer.renew_owner("owner-1", [held[0]], [0], following, LEASE_MS)
+            assert answer == OwnerRenewal(None, (0,), ())
+            # Only the first lease of a task counts: the live one after a stale one is lost.
+            answer = await renewer.renew_owner("owner-1", [held[0], live], [0, 0], None, LEASE_MS)
+            assert answer == OwnerRenewal(None, (0, 1), ())
+            answer = await renewer.renew_owner("owner-1", [live], [0], None, LEASE_MS)
+            assert answer.lost == () and answer.expires_at is not None
+            live = attrs.evolve(live, expires_at=answer.expires_at)
+            assert await store.claim("task-0", "owner-2", LEASE_MS) is UNAVAILABLE
+            done = await self.applied(
+                store, "task-0", 0, Event.completed({"ok": True}), WorkerAuthority(live)
+            )
+            assert done.snapshot.task.status is TaskStatus.COMPLETED
+            await store.release(live)
+            answer = await renewer.renew_owner(
+                "owner-1", [held[0]], [0], answer.expires_at, LEASE_MS
+            )
+            assert answer == OwnerRenewal(None, (0,), ())
+
+    async def test_renew_owner_arguments(self) -> None:
+        async with self.store() as store:
+            renewer = self.owner_renewer(store)
+            await self.create(store, "task-1")
+            lease = await self.claimed(store, "task-1")
+            assert await renewer.renew_owner("owner-1", [], [], None, LEASE_MS) == OwnerRenewal(
+                None, (), ()
+            )
+            bad: list[tuple[Any, Any, Any, Any, Any]] = [
+                ("owner-1", [lease, "lease"], [0, 0], None, LEASE_MS),
+                ("owner-1", iter([lease]), [0], None, LEASE_MS),
+                ("owner-1", [lease], [], None, LEASE_MS),
+                ("owner-1", [lease], [-1], None, LEASE_MS),
+                ("owner-1", [lease], ["0"], None, LEASE_MS),
+                ("owner-1", [lease], [0], "soon", LEASE_MS),
+            ]
+            for args in bad:
+                with pytest.raises(TypeError):
+                    await renewer.renew_owner(*args)
+            with pytest.raises(ValueError):
+                await renewer.renew_owner("owner-1", [lease], [0], None, 0)
+            with pytest.raises(ValueError):
+                await renewer.renew_owner("", [lease], [0], None, LEASE_MS)
+            assert isinstance(await store.worker_snapshot("task-1", lease), Snapshot)
+
+    async def test_a_dead_owners_hundreds_of_owner_renewed_leases_are_recovered(self) -> None:
+        """A runner renewing hundreds of leases with one owner lease dies: nobody can take its
+        tasks before the owner lease's expiry, then another owner adopts every one, and the
+        dead runner's held leases are all lost."""
+        count = 300
+        async with self.store() as store:
+            renewer = self.owner_renewer(store)
+            for n in range(count):
+                await self.create(store, f"task-{n:03}")
+            held = []
+            for _ in range(count):
+                claimed = await store.claim_next("dead", LEASE_MS)
+                assert claimed is not None
+                held.append(claimed.lease)
+            following: int | None = None
+            for _ in range(3):
+                await self.advance(10_000)
+                answer = await renewer.renew_owner("dead", held, [0] * count, following, LEASE_MS)
+                assert answer.lost == () and answer.changed == ()
+                following = answer.expires_at
+            assert following == START + (30_000 + LEASE_MS) * 1000
+            # The owner dies here. Until its owner lease lapses, its tasks stay its own.
+            await self.advance(LEASE_MS - 1)
+            assert await store.claim_next("heir", LEASE_MS) is None
+            await self.advance(1)
+            adopted = []
+            while (claimed := await store.claim_next("heir", LEASE_MS)) is not None:
+                adopted.append(claimed.lease)
+            assert [lease.task_id for lease in adopted] == [f"task-{n:03}" for n in range(count)]
+            assert {lease.generation for lease in adopted} == {2}
+            answer = await renewer.renew_owner("dead", held, [0] * count, following, LEASE_MS)
+            assert answer == OwnerRenewal(None, tuple(range(count)), ())
+            await self.advance(10_000)
+            again = await renewer.renew_owner("heir", adopted, [0] * count, None, LEASE_MS)
+            assert again.lost == () and again.expires_at is not None
+            answer = await renewer.renew_owner("heir", adopted, [0] * count, None, LEASE_MS)
+            assert answer == OwnerRenewal(None, tuple(range(count)), ())
 
     # -- optional capability: create_claimed_stamped ---------------------------------------------
 
