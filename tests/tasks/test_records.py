@@ -3,6 +3,9 @@ independent copy without re-checking): the two ways records are built inside the
 
 from __future__ import annotations
 
+from typing import Any
+
+import attrs
 import pytest
 
 from tritask.tasks.events import Event
@@ -78,3 +81,24 @@ def test_owned_task_rechecks_a_task_mutated_after_it_was_built() -> None:
     task.input_requests["k"] = {"method": "m"}  # a working task with a request: invalid
     with pytest.raises(CorruptRecord, match="input_required needs outstanding requests"):
         owned_task(task)
+
+
+def test_clone_snapshot_copies_every_field_and_owns_every_container() -> None:
+    """The copiers are generated from the attrs fields: none is left out, and every dict or
+    list of the record (JSON anywhere in it) is a new object in the copy."""
+    snapshot = revise(
+        waiting_snapshot(), steps={"s": {"kind": "sleep", "wakeAt": "2030-03-17T17:46:40.000Z"}}
+    )
+    clone = clone_snapshot(snapshot)
+    assert snapshot.work is not None and clone.work is not None
+    pairs: list[tuple[Any, Any]] = [
+        (snapshot, clone),
+        (snapshot.task, clone.task),
+        (snapshot.work, clone.work),
+    ]
+    for original, copied in pairs:
+        for field in attrs.fields(type(original)):
+            mine, theirs = getattr(original, field.name), getattr(copied, field.name)
+            assert mine == theirs, field.name
+            if isinstance(mine, dict | list) and mine:
+                assert mine is not theirs, field.name

@@ -106,8 +106,11 @@ def _failure_data(data: JSONObject) -> None:
 
 
 def _validate(kind: EventKind, data: JSONObject) -> None:
-    keys = _DATA_KEYS[kind]
-    _check(set(data) == set(keys), f"{kind.value} data must have exactly the keys {list(keys)}")
+    if data.keys() != _DATA_KEY_SETS[kind]:
+        # (The message is built only here: formatting it on every event cost as much as all
+        # the checks below together.)
+        keys = _DATA_KEYS[kind]
+        raise InvalidEvent(f"{kind.value} data must have exactly the keys {list(keys)}")
     if kind is EventKind.INPUT_REQUESTED:
         key, request = data["key"], data["request"]
         _check(isinstance(key, str) and bool(key), "input key must be a non-empty string")
@@ -203,6 +206,9 @@ _DATA_KEYS: dict[EventKind, tuple[str, ...]] = {
     EventKind.STEP_RECORDED: ("key", "fingerprint", "outcome"),
     EventKind.SLEEP_SCHEDULED: ("key", "delayMs"),
     EventKind.SUSPENDED: ("key",),
+}
+_DATA_KEY_SETS: dict[EventKind, frozenset[str]] = {
+    kind: frozenset(keys) for kind, keys in _DATA_KEYS.items()
 }
 
 

@@ -8,7 +8,7 @@ reducer, the stores and the decoders cannot produce (or accept) an impossible st
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import attrs
@@ -446,6 +446,30 @@ class Snapshot:
 _Record = TypeVar("_Record", Task, Snapshot, Work)
 
 
+_Plan = tuple[Any, Any, "attrs.Attribute[Any]", Callable[[object, object], None]]
+"""How :func:`revise` sets one field: its converter, its validator, the field, its setter."""
+
+
+def _slot_setters(cls: type) -> dict[str, Callable[[object, object], None]]:
+    """Each attrs field's slot setter (``object.__setattr__`` works on a frozen class too, but
+    a member descriptor's ``__set__`` costs half as much)."""
+    return {
+        field.name: cls.__dict__[field.name].__set__
+        for field in cls.__attrs_attrs__  # type: ignore[attr-defined]
+    }
+
+
+def _plans(cls: type) -> dict[str, _Plan]:
+    setters = _slot_setters(cls)
+    return {
+        field.name: (field.converter, field.validator, field, setters[field.name])
+        for field in cls.__attrs_attrs__  # type: ignore[attr-defined]
+    }
+
+
+_PLANS: dict[type, dict[str, _Plan]] = {cls: _plans(cls) for cls in (Task, Snapshot, Work)}
+
+
 def revise(record: _Record, **changes: Any) -> _Record:
     """``attrs.evolve`` for a valid ``Task``, ``Snapshot`` or ``Work`` that checks only what
     changes.
@@ -456,22 +480,20 @@ def revise(record: _Record, **changes: Any) -> _Record:
     values, and whoever hands one out to a caller copies it first (:func:`clone_snapshot`).
     """
     cls = type(record)
-    new = object.__new__(cls)
-    for field in cls.__attrs_attrs__:
-        name = field.name
-        if name in changes:
-            value = changes.pop(name)
-            if field.converter is not None:
-                value = field.converter(value)  # type: ignore[operator]  # plain functions here
-            if field.validator is not None:
-                field.validator(new, field, value)
-        else:
-            value = getattr(record, name)
-        object.__setattr__(new, name, value)
-    if changes:
-        raise TypeError(f"{cls.__name__} has no fields {sorted(changes)}")
-    if not isinstance(new, Work):
-        new.__attrs_post_init__()
+    plans = _PLANS[cls]
+    new: _Record = _SHALLOW[cls](record)
+    for name, value in changes.items():
+        plan = plans.get(name)
+        if plan is None:
+            raise TypeError(f"{cls.__name__} has no fields {sorted(changes.keys() - plans.keys())}")
+        converter, validator, field, setter = plan
+        if converter is not None:
+            value = converter(value)
+        if validator is not None:
+            validator(new, field, value)
+        setter(new, value)
+    if cls is not Work:
+        new.__attrs_post_init__()  # type: ignore[attr-defined]  # (Task and Snapshot have one)
     return new
 
 
@@ -493,35 +515,50 @@ def clone_snapshot(snapshot: Snapshot) -> Snapshot:
     Nothing is checked again (the snapshot is valid by construction): this is how a store hands
     out its state.
     """
-    work = snapshot.work
-    return _clone(
-        snapshot,
-        _SNAPSHOT_JSON,
-        task=_clone(snapshot.task, _TASK_JSON),
-        work=None if work is None else _clone(work, _WORK_JSON),
-    )
+    clone: Snapshot = _CLONE_SNAPSHOT(snapshot)
+    return clone
 
 
 def clone_task(task: Task) -> Task:
     """:func:`clone_snapshot` for the task alone (its public state: what clients are shown)."""
-    return _clone(task, _TASK_JSON)
+    clone: Task = _CLONE_TASK(task)
+    return clone
 
 
-def _clone(record: _Record, json_fields: frozenset[str], **given: Any) -> _Record:
-    """``record`` rebuilt field by field: JSON fields deep-copied, the rest shared (immutable)."""
-    new = object.__new__(type(record))
-    for field in type(record).__attrs_attrs__:
-        name = field.name
-        value = given[name] if name in given else getattr(record, name)
-        if name in json_fields and value is not None:
-            value = clone_json(value)
-        object.__setattr__(new, name, value)
-    return new
+def _copier(cls: type, json_fields: frozenset[str], nested: Mapping[str, str]) -> Any:
+    """A function ``record -> copy`` for ``cls``, generated from its attrs fields (as attrs
+    generates ``__init__``): every field set in one straight run of slot stores, the JSON
+    fields (``json_fields``) deep-copied, the ``nested`` ones (field -> copier name) copied by
+    that copier, the rest shared (immutable). Nothing is checked: ``record`` is valid."""
+    setters = _slot_setters(cls)
+    namespace: dict[str, Any] = {
+        "_new": object.__new__,
+        "_cls": cls,
+        "_json": clone_json,
+        **{f"_set_{name}": setter for name, setter in setters.items()},
+    }
+    lines = ["def copy(r):", "    new = _new(_cls)"]
+    for name in setters:
+        value = f"r.{name}"
+        if name in json_fields:
+            value = f"None if (v := r.{name}) is None else _json(v)"
+        elif name in nested:
+            value = f"None if (v := r.{name}) is None else {nested[name]}(v)"
+        lines.append(f"    _set_{name}(new, {value})")
+    lines.append("    return new")
+    namespace.update((copier, globals()[copier]) for copier in nested.values())
+    exec("\n".join(lines), namespace)  # the source is built above from field names only
+    return namespace["copy"]
 
 
 _TASK_JSON = frozenset({"input_requests", "result", "error"})
 _WORK_JSON = frozenset({"input"})
 _SNAPSHOT_JSON = frozenset({"last_failure", "input_history", "accepted_input_responses", "steps"})
+_SHALLOW: dict[type, Any] = {cls: _copier(cls, frozenset(), {}) for cls in (Task, Snapshot, Work)}
+"""Per class: a copy sharing every field (what :func:`revise` starts from)."""
+_CLONE_TASK = _copier(Task, _TASK_JSON, {})
+_CLONE_WORK = _copier(Work, _WORK_JSON, {})
+_CLONE_SNAPSHOT = _copier(Snapshot, _SNAPSHOT_JSON, {"task": "_CLONE_TASK", "work": "_CLONE_WORK"})
 
 
 def initial_snapshot(task: Task, work: Work) -> Snapshot:
