@@ -170,6 +170,8 @@ async def test_one_call_per_heartbeat_and_no_new_lease_per_attempt(
     for task_id in ids:
         assert await status_of(store, task_id) is TaskStatus.COMPLETED
         assert [md["outcome"] for md in await wait_stops(events, task_id)] == ["completed"]
+    await trio.sleep(1.5)  # past the next heartbeat's due time
+    assert runner._following == []  # nothing running: the runner keeps no ended attempt
     runner.stop()
 
 

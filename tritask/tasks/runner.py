@@ -1461,6 +1461,8 @@ class Runner:
         """
         while True:
             due = self._heartbeat_due
+            if not due and self._following:
+                self._forget_following()
             earliest = next(iter(due.values())) if due else math.inf
             with trio.move_on_at(earliest):
                 await self._renewal_added.wait()
@@ -1585,6 +1587,15 @@ class Runner:
                     )
         for index in answer.changed:
             self._spawn_helper(batch[index], self._refresh)
+
+    def _forget_following(self) -> None:
+        """No attempt is due (all those of the last batch have ended, or are ending) and no
+        batch is in flight: each that still follows the owner lease takes its exact lease as
+        its own (nothing will move it any more), and the runner keeps none of them."""
+        for job in self._following:
+            if job.owner is not None:
+                job.lease = job.lease
+        self._following = []
 
     async def _renew_alone(self, job: _Job) -> None:
         """One heartbeat of one attempt, on a batch-renewing store (its lock was busy)."""
