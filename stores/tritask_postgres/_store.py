@@ -1829,9 +1829,12 @@ class _Queries:
             " AND (%(before)s::bigint IS NULL OR t.created_at_us < %(before)s::bigint)"
             " AND (%(after_at)s::bigint IS NULL"
             " OR (t.created_at_us, t.task_id) > (%(after_at)s::bigint, %(after_id)s::text))"
-            " AND (%(tool)s::text IS NULL OR (t.record->'work'->>'type' = 'tools/call'"
+            " AND (%(tool)s::text IS NULL OR (CASE"
+            " WHEN json_typeof(t.record->'work'->'tool') = 'string'"
+            " THEN t.record->'work'->>'tool'"
+            " WHEN t.record->'work'->>'type' = 'tools/call'"
             " AND json_typeof(t.record->'work'->'input'->'name') = 'string'"
-            " AND t.record->'work'->'input'->>'name' = %(tool)s::text))"
+            " THEN t.record->'work'->'input'->>'name' END) = %(tool)s::text)"
             " ORDER BY t.created_at_us, t.task_id LIMIT %(limit)s::bigint"
         )
         self.audit_page = q(

@@ -274,9 +274,11 @@ _LIST = (
     " AND (:scope IS NULL OR scope = :scope)"
     " AND (:before IS NULL OR created_at_us < :before)"
     " AND (:after_at IS NULL OR (created_at_us, task_id) > (:after_at, :after_id))"
-    " AND (:tool IS NULL OR (json_extract(record, '$.work.type') = 'tools/call'"
+    " AND (:tool IS NULL OR (CASE WHEN json_type(record, '$.work.tool') = 'text'"
+    "      THEN json_extract(record, '$.work.tool')"
+    "      WHEN json_extract(record, '$.work.type') = 'tools/call'"
     "      AND json_type(record, '$.work.input.name') = 'text'"
-    "      AND json_extract(record, '$.work.input.name') = :tool))"
+    "      THEN json_extract(record, '$.work.input.name') END) = :tool)"
     " ORDER BY created_at_us, task_id LIMIT :limit"
 )
 #: ``renew_all`` (schema 4): an owner's claims, from the covering index

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -30,7 +30,9 @@ class Probe:
         self.asked = trio.Event()
 
 
-def build_app(probe: Probe, **app_options: Any) -> App:
+def build_app(
+    probe: Probe, *, tasks_options: Mapping[str, Any] | None = None, **app_options: Any
+) -> App:
     app = App("oauth-app", "1.0.0", state_key="oauth-test-state-key-0123456789", **app_options)
 
     @app.tool()
@@ -74,7 +76,7 @@ def build_app(probe: Probe, **app_options: Any) -> App:
         )
         return json.dumps(answer)
 
-    app.add_extension(Tasks(task_support={"ask": "required"}))
+    app.add_extension(Tasks(task_support={"ask": "required"}, **(tasks_options or {})))
     return app
 
 
@@ -156,12 +158,13 @@ async def serve_protected(
     *,
     path: str = "/mcp",
     store_url: str | None = None,
+    tasks_options: Mapping[str, Any] | None = None,
     **auth_options: Any,
 ) -> AsyncIterator[Endpoint]:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     auth = bearer_auth(server, base + path, **auth_options)
-    app = build_app(probe or Probe())
+    app = build_app(probe or Probe(), tasks_options=tasks_options)
     from tritask.server.extension import ServeEnvironment
 
     async with (

@@ -18,7 +18,11 @@ import pytest
 import trio
 
 from auth.oauth_app import Endpoint, Probe, V, call, rpc, serve_protected
+from tritask.server import App, Context
+from tritask.tasks.executor import ExecutionToken, Outcome
+from tritask.tasks.extension import ToolCallExecutor
 from tritask.tasks.store import Action
+from tritask.tasks.work import Work
 from tritask.testing.oauth import TestAuthorizationServer
 
 UNKNOWN = "an-id-nobody-ever-created-0123456"
@@ -161,6 +165,70 @@ async def test_updating_a_task_needs_its_tools_scopes(
         assert (status, cancelled["result"]["resultType"]) == (200, "complete")
         _, gone = await task_request(endpoint, writer, "tasks/get", third)
         assert gone["result"]["status"] == "cancelled"
+
+
+def export_builder(task_id: str, tool: str, arguments: dict[str, Any], ctx: Context) -> Work:
+    """A custom descriptor: its own type, the tool under a key only its executor knows."""
+    return Work(idempotency_key=task_id, type="export-job", input={"job": tool, "args": arguments})
+
+
+class ExportExecutor:
+    """Runs ``export-job`` work as the tool call it describes (the default executor's way)."""
+
+    def __init__(self) -> None:
+        self.app: App | None = None
+
+    async def execute(self, work: Work, token: ExecutionToken, state: Any) -> Outcome:
+        assert self.app is not None and work.type == "export-job"
+        call = Work.tool_call(work.idempotency_key, work.input["job"], work.input["args"])
+        return await ToolCallExecutor(self.app).execute(call, token, state)
+
+
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+async def test_updating_a_task_needs_its_tools_scopes_with_a_custom_work_builder(
+    auth_server: TestAuthorizationServer, probe: Probe, tmp_path: Path, store: str
+) -> None:
+    """The creating tool is persisted with a builder's work (Work v4), so ``tasks/update``
+    re-checks that tool's scopes whatever shape the builder gave the work; before, such a task
+    needed only the server-wide scopes."""
+    executor = ExportExecutor()
+    options = {"work_builder": export_builder, "runner_options": {"executor": executor}}
+    store_url = f"sqlite:///{tmp_path / 'tasks.db'}" if store == "sqlite" else None
+    async with serve_protected(
+        auth_server, probe, store_url=store_url, tasks_options=options
+    ) as endpoint:
+        executor.app = endpoint.app
+        writer = mint(auth_server, endpoint, scope="mcp files:write")
+        reader = mint(auth_server, endpoint, scope="mcp")
+        task_id = await create_task(endpoint, writer)
+        with trio.fail_after(10):
+            await probe.asked.wait()
+        tasks = endpoint.app.extensions["io.modelcontextprotocol/tasks"]
+        stored = await tasks.store.get(  # type: ignore[attr-defined]
+            task_id,
+            await tasks.store.authorize(probe.contexts[0], Action.GET, task_id),  # type: ignore[attr-defined]
+        )
+        assert (stored.work.type, stored.work.tool) == ("export-job", "ask")
+        assert stored.work.input == {"job": "ask", "args": {}}
+        message = rpc("tasks/update", {"taskId": task_id, "inputResponses": ANSWER}, tasks=True)
+        refused = await endpoint.post(message, reader)
+        assert refused.status_code == 403, refused.text
+        assert (
+            'error="insufficient_scope", scope="files:write mcp"'
+            in (refused.headers["www-authenticate"])
+        )
+        _, seen = await task_request(endpoint, reader, "tasks/get", task_id)
+        assert seen["result"]["status"] == "input_required"
+        status, ok = await task_request(
+            endpoint, writer, "tasks/update", task_id, inputResponses=ANSWER
+        )
+        assert status == 200, ok
+        with trio.fail_after(10):
+            while True:
+                _, done = await task_request(endpoint, writer, "tasks/get", task_id)
+                if done["result"]["status"] == "completed":
+                    break
+                await trio.sleep(0.01)
 
 
 async def test_the_raw_token_reaches_no_store_row_work_context_or_log(

@@ -48,6 +48,7 @@ from tritask.tasks.work import (
     CodecError,
     InvalidJSON,
     RetryPolicy,
+    TraceContext,
     Work,
     canonical_json,
     ensure_json,
@@ -79,14 +80,24 @@ requests = st.fixed_dictionaries({"method": names}, optional={"params": json_obj
 errors = st.fixed_dictionaries({"code": st.integers(-33000, 0), "message": st.text(max_size=8)})
 messages = st.none() | st.text(max_size=8)
 policies = st.lists(st.integers(0, MAX_DELAY_MS), max_size=4).map(RetryPolicy)
+traces = st.sampled_from(
+    [None, TraceContext("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "a=1")]
+)
 works = st.builds(
-    lambda key, kind, data, policy: Work(
-        idempotency_key=key, type=kind, input=data, retry_policy=policy
+    lambda key, kind, data, policy, trace, tool: Work(
+        idempotency_key=key,
+        type=kind,
+        input=data,
+        retry_policy=policy,
+        trace_context=trace,
+        tool=tool,
     ),
     names,
     names,
     json_objects,
     policies,
+    traces,
+    st.none() | names,  # versions 2, 3 and 4
 )
 event_ids = st.none() | names
 input_keys = st.sampled_from(["a", "b", "c"])
@@ -383,6 +394,8 @@ def test_work_tool_call_exact_json() -> None:
         ({"input": ["not", "an", "object"]}, InvalidJSON),
         ({"input": {"x": object()}}, InvalidJSON),
         ({"retry_policy": [1, 2]}, TypeError),
+        ({"tool": ""}, ValueError),
+        ({"tool": 1}, ValueError),
     ],
 )
 def test_work_refuses_invalid(changes: dict[str, Any], error: type[Exception]) -> None:
@@ -411,7 +424,8 @@ def test_work_round_trip(work: Work) -> None:
 @given(st.data())
 def test_work_mutations_refused(data: st.DataObject) -> None:
     doc = data.draw(works).to_json()
-    check_refused(Work.from_json, data.draw(mutated(doc, ("retryPolicy",))), CodecError)
+    nested = ("retryPolicy", "traceContext")
+    check_refused(Work.from_json, data.draw(mutated(doc, nested)), CodecError)
 
 
 # -- Event --------------------------------------------------------------------------------------

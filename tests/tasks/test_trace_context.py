@@ -1,8 +1,9 @@
 """The W3C trace context of task work: lenient reading from ``_meta``, strict persistence.
 
 ``Work`` is version 2 without a trace context (what every record written before it holds, byte
-for byte) and version 3 with one; both decode, each strictly; a record with v3 work round-trips
-through the aggregate codec.
+for byte), version 3 with one, version 4 with the creating tool (a ``work_builder``'s work) and a
+trace context or ``null``; every version decodes, each strictly; a record with v3 or v4 work
+round-trips through the aggregate codec.
 """
 
 from __future__ import annotations
@@ -116,7 +117,23 @@ def test_work_without_a_context_stays_version_2() -> None:
             {**V2, "version": 3, "traceContext": {"traceparent": PARENT, "tracestate": 1}},
             "invalid trace context",
         ),
-        ({**V2, "version": 4}, "unsupported work version 4"),
+        ({**V2, "version": 4}, "missing keys ['tool', 'traceContext']"),
+        ({**V2, "version": 4, "traceContext": None, "tool": None}, "needs its tool"),
+        ({**V2, "version": 4, "traceContext": None, "tool": ""}, "needs its tool"),
+        ({**V2, "version": 4, "traceContext": None, "tool": 1}, "needs its tool"),
+        ({**V2, "version": 4, "traceContext": None}, "missing keys ['tool']"),
+        ({**V2, "version": 4, "tool": "echo"}, "missing keys ['traceContext']"),
+        (
+            {**V2, "version": 4, "traceContext": {"traceparent": "x", "tracestate": None}},
+            "missing keys ['tool']",
+        ),
+        (
+            {**V2, "version": 4, "tool": "echo", "traceContext": {"traceparent": "x"}},
+            "missing keys",
+        ),
+        ({**V2, "version": 3, "traceContext": None, "tool": "echo"}, "unexpected keys"),
+        ({**V2, "tool": "echo"}, "unexpected keys"),
+        ({**V2, "version": 5}, "unsupported work version 5"),
         ({**V2, "version": True}, "unsupported work version True"),
         ("work", "unsupported work version None"),
     ],
@@ -124,6 +141,34 @@ def test_work_without_a_context_stays_version_2() -> None:
 def test_decoding_is_strict(doc: Any, message: str) -> None:
     with pytest.raises(CodecError, match=message.replace("[", r"\[").replace("]", r"\]")):
         Work.from_json(doc)
+
+
+def test_work_with_a_tool_is_version_4_and_old_versions_still_decode() -> None:
+    """The tool a ``work_builder``'s work was made for: version 4, with or without a trace
+    context; the versions before it decode as they did, without a tool."""
+    built = Work(idempotency_key="task-1", type="export", input={"job": 7}, tool="export")
+    assert built.to_json() == {
+        "version": 4,
+        "idempotencyKey": "task-1",
+        "type": "export",
+        "input": {"job": 7},
+        "retryPolicy": {"version": 1, "delaysMs": []},
+        "traceContext": None,
+        "tool": "export",
+    }
+    traced = Work(
+        idempotency_key="task-1",
+        type="export",
+        input={},
+        trace_context=TraceContext(PARENT, None),
+        tool="export",
+    )
+    assert traced.to_json()["traceContext"] == {"traceparent": PARENT, "tracestate": None}
+    for work in (built, traced):
+        assert Work.from_json(json.loads(json.dumps(work.to_json()))) == work
+    v3 = {**V2, "version": 3, "traceContext": {"traceparent": PARENT, "tracestate": None}}
+    assert (Work.from_json(V2).tool, Work.from_json(v3).tool) == (None, None)
+    assert Work.from_json(v3).to_json() == v3
 
 
 def test_a_record_with_traced_work_round_trips() -> None:
@@ -136,3 +181,9 @@ def test_a_record_with_traced_work_round_trips() -> None:
     snapshot = initial_snapshot(new_task("task-1", 1_000_000, None, None), work)
     text = json.dumps(snapshot_to_json(snapshot))
     assert snapshot_from_json(json.loads(text)) == snapshot
+    built = initial_snapshot(
+        new_task("task-1", 1_000_000, None, None),
+        Work(idempotency_key="task-1", type="job", input={}, tool="export"),
+    )
+    text = json.dumps(snapshot_to_json(built))
+    assert snapshot_from_json(json.loads(text)) == built

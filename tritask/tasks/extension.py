@@ -48,7 +48,14 @@ from tritask.tasks.executor import (
     internal_error,
 )
 from tritask.tasks.legacy import LegacyTasks, TaskSupport
-from tritask.tasks.model import Snapshot, Task, create_task_result, detailed_task, new_task
+from tritask.tasks.model import (
+    Snapshot,
+    Task,
+    create_task_result,
+    detailed_task,
+    new_task,
+    revise,
+)
 from tritask.tasks.reducer import DuplicateInputKey
 from tritask.tasks.runner import Runner, RunnerNotRunning
 from tritask.tasks.steps import StepError, only_step_errors
@@ -60,6 +67,7 @@ from tritask.tasks.store import (
     Store,
     StoreError,
     Unauthorized,
+    work_tool,
 )
 from tritask.tasks.stores import open_store
 from tritask.tasks.work import RetryPolicy, Work, canonical_json, canonical_text
@@ -752,6 +760,10 @@ class Tasks(Extension):
                 raise InternalError("Task work builder failed") from error
             if not isinstance(work, Work):
                 raise InternalError("Task work builder must return a Work")
+            if work.tool != call.tool.name:
+                # Persisted with the work: later requests on the task are authorized for this
+                # tool's scopes whatever shape the builder gave the work (creating_tool_scopes).
+                work = revise(work, tool=call.tool.name)
             if work.retry_policy == RetryPolicy.none() and retry_policy != RetryPolicy.none():
                 work = attrs.evolve(work, retry_policy=retry_policy)
         else:
@@ -900,14 +912,13 @@ class Tasks(Extension):
     def creating_tool_scopes(self, snapshot: Snapshot) -> frozenset[str]:
         """The ``required_scopes`` of the tool whose call created the task.
 
-        Known from the default work descriptor (``tools/call`` and the tool's name); a task
-        whose work a ``work_builder`` shaped otherwise needs only the server-wide scopes.
+        Its name is persisted with the work (:func:`~tritask.tasks.store.work_tool`: the
+        default descriptor's input, or the ``tool`` this extension sets on a ``work_builder``'s
+        work). A task whose work names no tool (one created before work version 4 by a custom
+        builder, or not by a tool call) needs only the server-wide scopes.
         """
-        work = snapshot.work
-        if self._app is None or work is None or work.type != "tools/call":
-            return frozenset()
-        name = work.input.get("name")
-        tool = self._app.tools.get(name) if isinstance(name, str) else None
+        name = work_tool(snapshot.work)
+        tool = self._app.tools.get(name) if self._app is not None and name is not None else None
         return tool.required_scopes if tool is not None else frozenset()
 
     async def _cancel(self, params: dict[str, JSONValue], ctx: Context) -> dict[str, JSONValue]:

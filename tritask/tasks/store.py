@@ -447,8 +447,13 @@ class AuditPage:
 
 
 def work_tool(work: Work | None) -> str | None:
-    """The tool a task runs: the ``name`` of ``tools/call`` work (``None`` for other work)."""
-    if work is None or work.type != "tools/call":
+    """The tool whose call created a task: the work's ``tool`` (set when a ``work_builder``
+    shaped it), else the ``name`` of ``tools/call`` work (``None`` for other work)."""
+    if work is None:
+        return None
+    if work.tool is not None:
+        return work.tool
+    if work.type != "tools/call":
         return None
     name = work.input.get("name")
     return name if isinstance(name, str) else None
@@ -500,7 +505,7 @@ def _optional_cursor(_inst: object, _attr: object, value: Any) -> None:
 class TaskQuery:
     """Which stored tasks an operator lists: every filter given must hold (empty: all tasks).
 
-    ``statuses`` (any of them), ``tool`` (the ``tools/call`` tool name, see :func:`work_tool`),
+    ``statuses`` (any of them), ``tool`` (the creating tool's name, see :func:`work_tool`),
     ``scope`` (a scope key: the canonical JSON text of the scope value, ``"null"`` under
     ``scope="shared"``), ``created_before`` (µs, exclusive). Pages hold at most ``limit`` tasks
     in ``(created_at, task_id)`` order, starting after the cursor ``after``.

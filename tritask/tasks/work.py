@@ -1,4 +1,4 @@
-"""The durable work descriptor (``Work`` v2/v3), its ``RetryPolicy`` (v1), the W3C
+"""The durable work descriptor (``Work`` v2/v3/v4), its ``RetryPolicy`` (v1), the W3C
 ``TraceContext`` it may carry, and the JSON guards.
 
 Work is what a runner re-executes after recovery, so it holds only JSON and is persisted whole;
@@ -411,8 +411,15 @@ def _is_trace(_inst: object, _attr: object, value: Any) -> None:
         raise TypeError("trace_context must be a TraceContext or None")
 
 
+def _is_tool(_inst: object, _attr: object, value: Any) -> None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ValueError("tool must be a non-empty string or None")
+
+
 _WORK_V2_KEYS: Final = ("version", "idempotencyKey", "type", "input", "retryPolicy")
 _WORK_V3_KEYS: Final = (*_WORK_V2_KEYS, "traceContext")
+_WORK_V4_KEYS: Final = (*_WORK_V3_KEYS, "tool")
+_WORK_KEYS: Final = {2: _WORK_V2_KEYS, 3: _WORK_V3_KEYS, 4: _WORK_V4_KEYS}
 
 
 @attrs.frozen(kw_only=True)
@@ -422,10 +429,14 @@ class Work:
 
     The builder of a Work is the security boundary: persist only stable identity, never a
     request context or credentials. ``trace_context`` is the W3C trace the work continues (the
-    runner sets it from the creating request's ``_meta``).
+    runner sets it from the creating request's ``_meta``). ``tool`` is the name of the tool
+    whose call created a task whose work a custom ``work_builder`` shaped (the extension sets
+    it; the default descriptor names its tool in its input): what a later request on the task
+    must be authorized for (the tool's ``required_scopes``) must not depend on the builder.
 
-    Codec: version 2 without a trace context (so records written before it existed and records
-    without one are the same bytes), version 3 with one; both decode, each strictly.
+    Codec: version 2 without a trace context or tool (so records written before they existed
+    and records without them are the same bytes), version 3 with a trace context, version 4
+    with a tool (and a trace context or ``null``); every version decodes, each strictly.
     """
 
     idempotency_key: str = attrs.field(validator=_non_empty_str("idempotency_key"))
@@ -433,6 +444,7 @@ class Work:
     input: JSONObject = attrs.field(converter=_work_input)
     retry_policy: RetryPolicy = attrs.field(factory=RetryPolicy.none, validator=_is_policy)
     trace_context: TraceContext | None = attrs.field(default=None, validator=_is_trace)
+    tool: str | None = attrs.field(default=None, validator=_is_tool)
 
     @classmethod
     def tool_call(
@@ -458,19 +470,32 @@ class Work:
             "input": ensure_json(self.input),
             "retryPolicy": self.retry_policy.to_json(),
         }
-        if self.trace_context is not None:
+        trace = self.trace_context
+        if self.tool is not None:
+            doc["version"] = 4
+            doc["traceContext"] = None if trace is None else trace.to_json()
+            doc["tool"] = self.tool
+        elif trace is not None:
             doc["version"] = 3
-            doc["traceContext"] = self.trace_context.to_json()
+            doc["traceContext"] = trace.to_json()
         return doc
 
     @classmethod
     def from_json(cls, doc: object) -> Work:
         version = doc.get("version") if isinstance(doc, dict) else None
-        if not _is_int(version) or version not in (2, 3):
-            raise CodecError(f"unsupported work version {version!r} (expected 2 or 3)")
-        fields = expect_keys(doc, _WORK_V3_KEYS if version == 3 else _WORK_V2_KEYS, "work")
+        if not _is_int(version) or version not in _WORK_KEYS:
+            raise CodecError(f"unsupported work version {version!r} (expected 2, 3 or 4)")
+        fields = expect_keys(doc, _WORK_KEYS[version], "work")
         policy = RetryPolicy.from_json(fields["retryPolicy"])
-        trace = TraceContext.from_json(fields["traceContext"]) if version == 3 else None
+        trace = None
+        if version == 3 or (version == 4 and fields["traceContext"] is not None):
+            trace = TraceContext.from_json(fields["traceContext"])
+        tool = None
+        if version == 4:
+            # Version 4 exists for the tool: without one the work is written as 2 or 3.
+            tool = fields["tool"]
+            if not isinstance(tool, str) or not tool:
+                raise CodecError("work version 4 needs its tool (a non-empty string)")
         try:
             return cls(
                 idempotency_key=fields["idempotencyKey"],
@@ -478,6 +503,7 @@ class Work:
                 input=fields["input"],
                 retry_policy=policy,
                 trace_context=trace,
+                tool=tool,
             )
         except (TypeError, ValueError) as exc:
             raise CodecError(f"invalid work: {exc}") from exc

@@ -93,7 +93,7 @@ from tritask.tasks.store import (
     settles,
     stamps_creation,
 )
-from tritask.tasks.work import RetryPolicy, Work, canonical_json
+from tritask.tasks.work import RetryPolicy, TraceContext, Work, canonical_json
 
 __all__ = ["START", "ManualClock", "StoreContract", "by_tenant", "tenant"]
 
@@ -2122,6 +2122,47 @@ class StoreContract:
         access = await store.authorize(ctx, Action.CREATE, task_id)
         task = new_task(task_id, await store.now(), 60_000, 5)
         return await store.create(task, Work.tool_call(task_id, tool, {"n": 1}, policy), access)
+
+    async def test_list_tasks_finds_a_work_builders_work_by_its_persisted_tool(self) -> None:
+        """Work a ``work_builder`` shaped names its creating tool in ``tool`` (Work v4): the
+        store keeps it exactly, and listing by tool finds it by that name, which wins over a
+        ``tools/call`` input's ``name``; other work is found as before."""
+        async with self.store() as store:
+            ops = store if lists_tasks(store) else None
+            if ops is None:
+                pytest.skip("the store does not offer list_tasks")
+            access = await store.authorize(A, Action.CREATE, "built-1")
+            built = Work(idempotency_key="built-1", type="export-job", input={}, tool="echo")
+            await store.create(new_task("built-1", await store.now(), 60_000, 5), built, access)
+            access = await store.authorize(A, Action.CREATE, "built-2")
+            renamed = Work(
+                idempotency_key="built-2",
+                type="tools/call",
+                input={"name": "slow", "arguments": {}},
+                trace_context=TraceContext(f"00-{'a' * 32}-{'b' * 16}-01"),
+                tool="echo",
+            )
+            await store.create(new_task("built-2", await store.now(), 60_000, 5), renamed, access)
+            await self.tool_task(store, "plain-1", A, "slow")
+            await self.create(store, "other-1", A)
+            for task_id, work in (("built-1", built), ("built-2", renamed)):
+                got = await store.get(task_id, await store.authorize(A, Action.GET, task_id))
+                assert isinstance(got, Snapshot) and got.work == work
+
+            async def ids(tool: str) -> list[str]:
+                listing = await ops.list_tasks(TaskQuery(tool=tool))
+                return sorted(task.task_id for task in listing.tasks)
+
+            assert await ids("echo") == ["built-1", "built-2"]
+            assert await ids("slow") == ["plain-1"]
+            assert await ids("export-job") == []
+            everything = await ops.list_tasks(TaskQuery())
+            assert {task.task_id: task.tool for task in everything.tasks} == {
+                "built-1": "echo",
+                "built-2": "echo",
+                "plain-1": "slow",
+                "other-1": None,
+            }
 
     async def test_list_tasks_filters_pages_and_shows_claims(self) -> None:
         """``list_tasks`` sees every scope, in ``(created_at, task_id)`` order, with exact
