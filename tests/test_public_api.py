@@ -147,6 +147,10 @@ PUBLIC = {
         "list_roots",
         "sampling",
     ],
+    "tritask.testing": [
+        "ServeError",
+        "ServeProcess",
+    ],
     "tritask.tasks": [
         "Completed",
         "ConcurrencyLimit",

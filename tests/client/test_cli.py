@@ -17,19 +17,20 @@ from typing import Any
 
 import pytest
 import trio
-from fixture_process import FIXTURE, Served, serve_fixture
+from fixture_process import FIXTURE, serve_fixture
 
 from tritask.client import connect
 from tritask.client.model import Tool
 from tritask.client.terminal import parse_assignments
+from tritask.testing import ServeProcess
 
 TRITASK = [sys.executable, "-m", "tritask"]
 STDIO_SERVER = ["--", *TRITASK, "serve", FIXTURE, "--stdio", "--store", "memory:"]
 
 
 @pytest.fixture(scope="module")
-def served() -> Iterator[Served]:
-    with serve_fixture() as server:
+def served() -> Iterator[ServeProcess]:
+    with serve_fixture(ws=False) as server:
         yield server
 
 
@@ -45,8 +46,8 @@ def tritask(*words: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_tools_lists_names_and_summaries(served: Served) -> None:
-    done = tritask("tools", served.http)
+def test_tools_lists_names_and_summaries(served: ServeProcess) -> None:
+    done = tritask("tools", served.url)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].split() == [
@@ -59,7 +60,7 @@ def test_tools_lists_names_and_summaries(served: Served) -> None:
         "item.",
     ]
     assert any(line.startswith("confirm_delete ") for line in lines)
-    as_json = tritask("tools", served.http, "--json")
+    as_json = tritask("tools", served.url, "--json")
     names = [tool["name"] for tool in json.loads(as_json.stdout)]
     assert len(names) == len(lines) and "multi_input" in names
 
@@ -71,8 +72,8 @@ def test_tools_of_a_stdio_server() -> None:
     assert done.stderr == ""  # the server's own log stays out of the way
 
 
-def test_a_task_with_its_status_live(served: Served) -> None:
-    done = tritask("call", served.http, "slow_compute", "seconds=0.5", "label=cli")
+def test_a_task_with_its_status_live(served: ServeProcess) -> None:
+    done = tritask("call", served.url, "slow_compute", "seconds=0.5", "label=cli")
     assert (done.returncode, done.stdout) == (0, "Completed cli\n"), done.stderr
     status = done.stderr.splitlines()
     assert status[0].startswith("task ") and status[0].endswith(": created")
@@ -81,24 +82,24 @@ def test_a_task_with_its_status_live(served: Served) -> None:
     assert all(line.startswith(f"task {task_id}: ") for line in status)
 
 
-def test_an_elicitation_answered_on_stdin(served: Served) -> None:
-    done = tritask("call", served.http, "confirm_delete", "filename=a.txt", stdin="maybe\ny\n")
+def test_an_elicitation_answered_on_stdin(served: ServeProcess) -> None:
+    done = tritask("call", served.url, "confirm_delete", "filename=a.txt", stdin="maybe\ny\n")
     assert (done.returncode, done.stdout) == (0, "Delete confirmed: true\n"), done.stderr
     assert "? Delete a.txt?" in done.stderr
     assert "answer y or n" in done.stderr  # "maybe" was asked again
 
 
-def test_two_questions_and_no_input(served: Served) -> None:
-    done = tritask("call", served.http, "multi_input", stdin="Ada\nGrace\n")
+def test_two_questions_and_no_input(served: ServeProcess) -> None:
+    done = tritask("call", served.url, "multi_input", stdin="Ada\nGrace\n")
     # The two questions are open at once; the terminal asks them in the order they came.
     first_asked = done.stderr.index("? First input?") < done.stderr.index("? Second input?")
     expected = "Ada, Grace" if first_asked else "Grace, Ada"
     assert done.stdout == f"Inputs received: {expected}\n", done.stderr
-    declined = tritask("call", served.http, "confirm_delete", "--no-input")
+    declined = tritask("call", served.url, "confirm_delete", "--no-input")
     assert declined.stdout == "Delete confirmed: false\n", declined.stderr
     assert "declining input 'confirm-delete'" in declined.stderr
     # End of input while a question is open cancels the elicitation.
-    ended = tritask("call", served.http, "confirm_delete", stdin="")
+    ended = tritask("call", served.url, "confirm_delete", stdin="")
     assert ended.stdout == "Delete confirmed: false\n", ended.stderr
 
 
@@ -108,23 +109,23 @@ def test_mrtr_then_task_over_stdio() -> None:
     assert "? What is your name?" in done.stderr
 
 
-def test_json_output_and_exit_statuses(served: Served) -> None:
-    tool_error = tritask("call", served.http, "failing_job", "--json")
+def test_json_output_and_exit_statuses(served: ServeProcess) -> None:
+    tool_error = tritask("call", served.url, "failing_job", "--json")
     assert tool_error.returncode == 1, tool_error.stderr
     result = json.loads(tool_error.stdout)
     assert (result["isError"], result["content"]) == (
         True,
         [{"type": "text", "text": "The task job failed"}],
     )
-    failed = tritask("call", served.http, "protocol_error_job")
+    failed = tritask("call", served.url, "protocol_error_job")
     assert failed.returncode == 1 and failed.stdout == ""
     assert failed.stderr.splitlines()[-1].startswith("tritask: -32603: Task tool failed (task ")
-    unknown = tritask("call", served.http, "nope")
+    unknown = tritask("call", served.url, "nope")
     assert (unknown.returncode, unknown.stderr.strip()) == (
         1,
         "tritask: -32602: Unknown tool: nope",
     )
-    usage = tritask("call", served.http, "greet", "oops")
+    usage = tritask("call", served.url, "greet", "oops")
     assert (usage.returncode, usage.stderr.strip()) == (
         2,
         "tritask call: expected key=value, got 'oops'",
@@ -134,8 +135,8 @@ def test_json_output_and_exit_statuses(served: Served) -> None:
     assert refused.returncode == 1 and "failed" in refused.stderr
 
 
-def test_progress_of_a_sync_call(served: Served) -> None:
-    done = tritask("call", served.http, "test_tool_with_progress")
+def test_progress_of_a_sync_call(served: ServeProcess) -> None:
+    done = tritask("call", served.url, "test_tool_with_progress")
     assert done.stdout == "Progress test completed\n", done.stderr
     assert done.stderr.splitlines() == [
         "progress 0/100 started",
@@ -179,11 +180,11 @@ def _read_until(master: int, needle: bytes, deadline: float) -> bytes:
     return seen
 
 
-def test_on_a_terminal(served: Served) -> None:
+def test_on_a_terminal(served: ServeProcess) -> None:
     """A person at a terminal: the question appears, they type the answer, the result shows."""
     master, slave = pty.openpty()
     process: Any = subprocess.Popen(
-        [*TRITASK, "call", served.http, "confirm_delete", "filename=tty.txt"],
+        [*TRITASK, "call", served.url, "confirm_delete", "filename=tty.txt"],
         stdin=slave,
         stdout=slave,
         stderr=slave,
@@ -205,9 +206,9 @@ def test_on_a_terminal(served: Served) -> None:
         os.close(master)
 
 
-def test_ctrl_c_cancels_the_task(served: Served) -> None:
+def test_ctrl_c_cancels_the_task(served: ServeProcess) -> None:
     process = subprocess.Popen(
-        [*TRITASK, "call", served.http, "slow_compute", "seconds=60", "label=long"],
+        [*TRITASK, "call", served.url, "slow_compute", "seconds=60", "label=long"],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -229,7 +230,7 @@ def test_ctrl_c_cancels_the_task(served: Served) -> None:
     assert rest == f"task {task_id}: cancel requested\n"
 
     async def status() -> str:
-        async with connect(served.http) as client:
+        async with connect(served.url) as client:
             return (await client.task(task_id).status()).status
 
     assert trio.run(status) == "cancelled"

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import trio
 from client_support import Answers
-from fixture_process import STDIO_COMMAND, Served, serve_fixture
+from fixture_process import STDIO_COMMAND, serve_fixture
 
 from tritask.client import (
     Client,
@@ -24,21 +24,22 @@ from tritask.client import (
     TaskState,
     connect,
 )
+from tritask.testing import ServeProcess
 
 TRANSPORTS = ("http", "stdio", "websocket")
 
 
 @pytest.fixture(scope="module")
-def served() -> Iterator[Served]:
+def served() -> Iterator[ServeProcess]:
     with serve_fixture() as server:
         yield server
 
 
 @asynccontextmanager
 async def client_for(
-    transport: str, served: Served, answers: Answers, **options: Any
+    transport: str, served: ServeProcess, answers: Answers, **options: Any
 ) -> AsyncIterator[Client]:
-    target: Any = {"http": served.http, "websocket": served.ws}.get(transport, STDIO_COMMAND)
+    target: Any = {"http": served.url, "websocket": served.ws_url}.get(transport, STDIO_COMMAND)
     async with connect(
         target, elicitation=answers.elicit, sampling=answers.sample, **options
     ) as client:
@@ -49,7 +50,7 @@ pytestmark = pytest.mark.parametrize("transport", TRANSPORTS)
 
 
 @pytest.mark.parametrize("listen", [True, False], ids=["listen", "poll"])
-async def test_input_inside_a_task(transport: str, served: Served, listen: bool) -> None:
+async def test_input_inside_a_task(transport: str, served: ServeProcess, listen: bool) -> None:
     answers = Answers()
     states: list[TaskState] = []
     with trio.fail_after(60):
@@ -70,7 +71,7 @@ async def test_input_inside_a_task(transport: str, served: Served, listen: bool)
     assert answers.seen[0].message == "Delete a.txt?"
 
 
-async def test_declined_input(transport: str, served: Served) -> None:
+async def test_declined_input(transport: str, served: ServeProcess) -> None:
     answers = Answers(action="decline", content={})
     with trio.fail_after(60):
         async with client_for(transport, served, answers) as client:
@@ -78,7 +79,7 @@ async def test_declined_input(transport: str, served: Served) -> None:
     assert result.text == "Delete confirmed: false"
 
 
-async def test_partial_input_with_an_explicit_handle(transport: str, served: Served) -> None:
+async def test_partial_input_with_an_explicit_handle(transport: str, served: ServeProcess) -> None:
     with trio.fail_after(60):
         async with client_for(transport, served, Answers()) as client:
             call = await client.start_tool("multi_input")
@@ -112,7 +113,7 @@ async def test_partial_input_with_an_explicit_handle(transport: str, served: Ser
     assert ("input_required", ("second-input",)) in seen[both + 1 :]
 
 
-async def test_cancellation(transport: str, served: Served) -> None:
+async def test_cancellation(transport: str, served: ServeProcess) -> None:
     with trio.fail_after(60):
         async with client_for(transport, served, Answers()) as client:
             call = await client.start_tool("slow_compute", {"seconds": 60, "label": "c"})
@@ -127,7 +128,7 @@ async def test_cancellation(transport: str, served: Served) -> None:
     assert again.status_message == "Cancellation requested"
 
 
-async def test_mrtr_then_task(transport: str, served: Served) -> None:
+async def test_mrtr_then_task(transport: str, served: ServeProcess) -> None:
     answers = Answers()
     with trio.fail_after(60):
         async with client_for(transport, served, answers) as client:
@@ -138,7 +139,7 @@ async def test_mrtr_then_task(transport: str, served: Served) -> None:
     assert [(r.key, r.task_id) for r in answers.seen] == [("user_name", None)]
 
 
-async def test_tool_error_is_a_completed_task(transport: str, served: Served) -> None:
+async def test_tool_error_is_a_completed_task(transport: str, served: ServeProcess) -> None:
     with trio.fail_after(60):
         async with client_for(transport, served, Answers()) as client:
             result = await client.call_tool("failing_job")
@@ -146,7 +147,7 @@ async def test_tool_error_is_a_completed_task(transport: str, served: Served) ->
     assert result.task_id is not None
 
 
-async def test_failure_raises_the_task_error(transport: str, served: Served) -> None:
+async def test_failure_raises_the_task_error(transport: str, served: ServeProcess) -> None:
     with trio.fail_after(60):
         async with client_for(transport, served, Answers()) as client:
             with pytest.raises(InternalError) as raised:
@@ -156,7 +157,7 @@ async def test_failure_raises_the_task_error(transport: str, served: Served) -> 
     assert error.task_id is not None and error.method is None
 
 
-async def test_sync_and_optional_tools(transport: str, served: Served) -> None:
+async def test_sync_and_optional_tools(transport: str, served: ServeProcess) -> None:
     with trio.fail_after(60):
         async with client_for(transport, served, Answers()) as client:
             greeting = await client.call_tool("greet", {"name": "trio"})

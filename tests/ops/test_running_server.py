@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sqlite3
-import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -29,44 +27,23 @@ from tritask_sqlite import ReadOnlyStore, SqliteStore, schema
 from tritask.tasks.model import new_task
 from tritask.tasks.store import NOT_FOUND, Action
 from tritask.tasks.work import Work
+from tritask.testing import ServeProcess
 from tritask.testing.client import Client, HttpTransport
 
 APP = f"{Path(__file__).parent / 'ops_app.py'}:app"
-URL_LINE = re.compile(rb"serving Streamable HTTP on (http://\S+/mcp)")
 
 
 @asynccontextmanager
 async def running_server(db: Path) -> AsyncIterator[Client]:
-    """A real ``tritask serve`` on ``db``, and a client of it; SIGINT at the end."""
-    process = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "tritask", "serve", APP, "--http", "127.0.0.1:0",
-         "--store", f"sqlite:{db}", "--log-level", "WARNING"],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )  # fmt: skip
-    assert process.stderr is not None
-    try:
-        seen = b""
-        with trio.fail_after(60):
-            while (found := URL_LINE.search(seen)) is None:
-                chunk = await process.stderr.receive_some()
-                assert chunk, seen.decode()
-                seen += chunk
-        transport = HttpTransport(found.group(1).decode())
+    """A real ``tritask serve`` on ``db``, and a client of it; SIGINT at the end, and it must
+    exit cleanly."""
+    async with ServeProcess(APP, store=f"sqlite:{db}", args=("--log-level", "WARNING")) as server:
+        transport = HttpTransport(server.url)
         try:
             yield Client(transport, capabilities={"elicitation": {}})
         finally:
             await transport.aclose()
-        process.send_signal(2)
-        with trio.fail_after(60):
-            await process.wait()
-        assert process.returncode == 0
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-        await process.stderr.aclose()
+        assert await server.astop() == 0, server.stderr
 
 
 async def operator(*words: str) -> tuple[int, str, str]:

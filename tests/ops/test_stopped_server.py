@@ -9,39 +9,23 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import trio
 
+from tritask.testing import ServeProcess
 from tritask.testing.client import Client, HttpTransport
 
 APP = f"{Path(__file__).parent / 'ops_app.py'}:app"
-URL_LINE = re.compile(rb"serving Streamable HTTP on (http://\S+/mcp)")
 
 
 async def serve_until_stopped(db: Path, how: signal.Signals) -> dict[str, str]:
     """Serve, create the three tasks, stop the server with ``how``; the tool of each task id."""
-    process = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "tritask", "serve", APP, "--http", "127.0.0.1:0",
-         "--store", f"sqlite:{db}", "--log-level", "WARNING"],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )  # fmt: skip
-    assert process.stderr is not None
-    try:
-        seen = b""
-        with trio.fail_after(60):
-            while (found := URL_LINE.search(seen)) is None:
-                chunk = await process.stderr.receive_some()
-                assert chunk, seen.decode()
-                seen += chunk
-        transport = HttpTransport(found.group(1).decode())
+    async with ServeProcess(APP, store=f"sqlite:{db}", args=("--log-level", "WARNING")) as server:
+        transport = HttpTransport(server.url)
         client = Client(transport, capabilities={"elicitation": {}})
         tools: dict[str, str] = {}
         try:
@@ -60,14 +44,8 @@ async def serve_until_stopped(db: Path, how: signal.Signals) -> dict[str, str]:
                 await client.wait_task(ids["ask"], frozenset({"input_required"}))
         finally:
             await transport.aclose()
-        process.send_signal(how)
-        with trio.fail_after(60):
-            await process.wait()
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-        await process.stderr.aclose()
+        code = await server.astop(how)
+        assert code == (0 if how is signal.SIGINT else -signal.SIGKILL), server.stderr
     return tools
 
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import http.server
 import os
-import re
-import signal
 import subprocess
 import sys
 import threading
@@ -27,10 +25,10 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from tritask.protocol.meta import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY
+from tritask.testing import ServeProcess
 from tritask.testing.client import HttpTransport
 
 APP = f"{Path(__file__).parents[1] / 'ops' / 'ops_app.py'}:app"
-URL_LINE = re.compile(rb"serving Streamable HTTP on (http://\S+/mcp)")
 CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
 CLIENT_SPAN = "b7ad6b7169203331"
 TRACEPARENT = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"
@@ -125,23 +123,9 @@ async def test_serve_otel_exports_the_trace_of_a_task_and_its_metrics(
         OTEL_RESOURCE_ATTRIBUTES="deployment.environment=test",
         OTEL_BSP_SCHEDULE_DELAY="50",
     )
-    process = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "tritask", "serve", APP, "--http", "127.0.0.1:0",
-         "--store", "memory:", "--otel", "--log-level", "WARNING"],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env=env,
-    )  # fmt: skip
-    assert process.stderr is not None
-    seen = b""
-    try:
-        with trio.fail_after(60):
-            while (found := URL_LINE.search(seen)) is None:
-                chunk = await process.stderr.receive_some()
-                assert chunk, seen.decode()
-                seen += chunk
-        transport = HttpTransport(found.group(1).decode())
+    served = ServeProcess(APP, env=env, args=("--otel", "--log-level", "WARNING"))
+    async with served:
+        transport = HttpTransport(served.url)
         try:
             meta = {
                 PROTOCOL_VERSION_KEY: "2026-07-28",
@@ -177,17 +161,10 @@ async def test_serve_otel_exports_the_trace_of_a_task_and_its_metrics(
             assert status == "completed"
         finally:
             await transport.aclose()
-        process.send_signal(signal.SIGINT)
-        with trio.fail_after(60):
-            await process.wait()
-        seen += await process.stderr.receive_some() or b""
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-        await process.stderr.aclose()
-    assert process.returncode == 0, seen.decode()
-    assert b"tritask: OpenTelemetry on (traces=otlp_proto_http, metrics=otlp_proto_http)" in seen
+        assert await served.astop() == 0, served.stderr
+    assert "tritask: OpenTelemetry on (traces=otlp_proto_http, metrics=otlp_proto_http)" in (
+        served.stderr
+    )
 
     spans = collector.spans()
     by_name = {name: (service, attributes, span) for service, name, attributes, span in spans}

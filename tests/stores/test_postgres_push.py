@@ -128,11 +128,11 @@ async def test_a_listener_follows_across_two_serve_processes(
     schema = await pg_schemas.migrated()
     sep = "&" if "?" in pg_schemas.dsn else "?"
     url = f"{pg_schemas.dsn}{sep}schema={schema}"
-    with (
+    async with (
         serve_fixture(store=url, ws=False) as host_a,
         serve_fixture(store=url, ws=False) as host_b,
     ):
-        a, b = host_a.http, host_b.http
+        a, b = host_a.url, host_b.url
         with trio.fail_after(20):  # below the client's 30 s listen guard: pushed, not polled
             async with connect(a) as on_a, connect(b) as on_b:
                 # Host B runs the task; a raw listen stream on host A follows it.
