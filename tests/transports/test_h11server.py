@@ -17,10 +17,11 @@ import h11
 import httpx
 import pytest
 import trio
+import trio.testing
 
 from tritask.protocol.meta import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY
 from tritask.server import App, Context
-from tritask.transports._h11server import WATCH_EXTENSION, ServerConfig, serve
+from tritask.transports._h11server import HANDOFF_EXTENSION, WATCH_EXTENSION, ServerConfig, serve
 from tritask.transports.http import serve_http
 
 Scope = MutableMapping[str, Any]
@@ -520,6 +521,174 @@ async def test_watch_ticks_until_the_response_is_complete(nursery: trio.Nursery)
         await trio.sleep(0.2)
     assert 3 <= count <= 7
     assert len(ticks) == count  # none after the response
+    await client.aclose()
+
+
+# -- the hand-off extension ------------------------------------------------------------------------
+
+
+class Source:
+    """A ``ResponseSource`` fed by the test: chunks put in, then the end."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.done = False
+        self.wake: Callable[[], None] | None = None
+        self.closes = 0
+        self.closed = trio.Event()
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.chunks) or self.done
+
+    def set_waker(self, wake: Callable[[], None] | None) -> None:
+        self.wake = wake
+        if wake is not None and self.ready:
+            self._wake()
+
+    def _wake(self) -> None:
+        wake, self.wake = self.wake, None
+        if wake is not None:
+            wake()
+
+    def put(self, chunk: bytes) -> None:
+        self.chunks.append(chunk)
+        self._wake()
+
+    def finish(self) -> None:
+        self.done = True
+        self._wake()
+
+    async def next_chunk(self) -> tuple[bytes, bool]:
+        if self.chunks:
+            return self.chunks.pop(0), True
+        return (b"end", False) if self.done else (b"", True)
+
+    def close(self) -> None:
+        self.closes += 1
+        self.closed.set()
+
+
+def handing_off(source: Source, **extra: Any) -> Any:
+    """An app that starts a stream, writes ``first``, hands ``source`` off and returns;
+    other paths are echoed."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["path"] != "/stream":
+            await echo_app(scope, receive, send)
+            return
+        assert HANDOFF_EXTENSION in scope["extensions"]
+        await read_body(receive)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"first ", "more_body": True})
+        await send({"type": HANDOFF_EXTENSION, "source": source, **extra})
+
+    return app
+
+
+async def test_a_handed_off_response_is_driven_by_one_task_then_the_connection_is_reused(
+    nursery: trio.Nursery,
+) -> None:
+    source = Source()
+    address = await start(nursery, handing_off(source))
+    client = await Client.connect(address)
+    with trio.fail_after(5):
+        await client.request("/echo")
+        await client.response()
+        client.next_cycle()
+        await trio.testing.wait_all_tasks_blocked()
+        idle = trio.lowlevel.current_statistics().tasks_living  # the connection and its reader
+        await client.request("/stream")
+        response = await client.event()
+        assert isinstance(response, h11.Response)
+        assert (await client.event()).data == b"first "
+        await trio.testing.wait_all_tasks_blocked()
+        # The application has returned and the reading task ended: the connection's own task
+        # serves the stream (and watches the socket) alone.
+        assert trio.lowlevel.current_statistics().tasks_living == idle - 1
+        source.put(b"a ")
+        assert (await client.event()).data == b"a "
+        source.put(b"b ")
+        source.finish()
+        rest = b""
+        while not isinstance(event := await client.event(), h11.EndOfMessage):
+            rest += bytes(event.data)
+        assert rest == b"b end"
+        await source.closed.wait()
+        client.next_cycle()
+        await client.request("/again", b"x")  # the same connection, reading again
+        assert (await client.response())[1].startswith(b"POST /again")
+    assert source.closes == 1
+    await client.aclose()
+
+
+async def test_the_peer_going_away_closes_a_handed_off_source(nursery: trio.Nursery) -> None:
+    source = Source()
+    address = await start(nursery, handing_off(source))
+    client = await Client.connect(address)
+    with trio.fail_after(5):
+        await client.request("/stream")
+        await client.event()
+        assert (await client.event()).data == b"first "
+        await trio.testing.wait_all_tasks_blocked()
+        assert source.closes == 0
+        await client.aclose()
+        await source.closed.wait()  # while idle: the wait on the socket saw the EOF
+    assert source.closes == 1
+
+
+async def test_a_handed_off_response_sends_its_keepalive_on_the_timer(
+    nursery: trio.Nursery,
+) -> None:
+    source = Source()
+    address = await start(nursery, handing_off(source, interval=0.01, keepalive=b": k\n"))
+    client = await Client.connect(address)
+    with trio.fail_after(5):
+        await client.request("/stream")
+        await client.event()
+        assert (await client.event()).data == b"first "
+        assert (await client.event()).data == b": k\n"
+        assert (await client.event()).data == b": k\n"
+        source.finish()
+        while not isinstance(await client.event(), h11.EndOfMessage):
+            pass
+    await client.aclose()
+
+
+async def test_cancelling_the_server_closes_a_handed_off_source() -> None:
+    source = Source()
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            address = await start(nursery, handing_off(source))
+            client = await Client.connect(address)
+            await client.request("/stream")
+            await client.event()
+            assert (await client.event()).data == b"first "
+            await trio.testing.wait_all_tasks_blocked()  # handed off: the server holds it
+            nursery.cancel_scope.cancel()
+        await client.aclose()
+    assert source.closes == 1
+
+
+async def test_a_body_after_a_hand_off_is_refused(nursery: trio.Nursery) -> None:
+    source = Source()
+    errors: list[Exception] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await handing_off(source)(scope, receive, send)
+        try:
+            await send({"type": "http.response.body", "body": b"late"})
+        except RuntimeError as error:
+            errors.append(error)
+        source.finish()
+
+    address = await start(nursery, app)
+    client = await Client.connect(address)
+    with trio.fail_after(5):
+        await client.request("/stream")
+        assert (await client.response())[1] == b"first end"
+    assert len(errors) == 1
+    assert source.closes == 1
     await client.aclose()
 
 

@@ -27,13 +27,17 @@ from tritask.server.session import Emit, Session
 
 if TYPE_CHECKING:
     from tritask.server.app import App
+    from tritask.server.listen import PushStream
+
+HandOff = Callable[["PushStream"], bool]
+"""A transport's offer to deliver a long-lived stream itself (see :meth:`Context.hand_off`)."""
 
 log = logging.getLogger("tritask.server")
 
 TRACE_CONTEXT_KEYS = ("traceparent", "tracestate")
 """The ``_meta`` keys of the W3C trace context (reference 1.2) a detached context keeps."""
 
-__all__ = ["Context", "Emit", "InputProvider", "NotInTask", "Relay", "StepProvider"]
+__all__ = ["Context", "Emit", "HandOff", "InputProvider", "NotInTask", "Relay", "StepProvider"]
 
 
 class NotInTask(RuntimeError):
@@ -111,6 +115,7 @@ class Context:
         close_stream: Callable[[], bool] | None = None,
         relay: Relay | None = None,
         auth: AccessToken | None = None,
+        hand_off: HandOff | None = None,
     ) -> None:
         self.app = app
         self.method = method
@@ -137,6 +142,7 @@ class Context:
         """The verified access token of an OAuth-protected request (``BearerAuth``), else
         ``None``: ``subject``, ``client_id``, ``scopes``, ``claims``. A detached context keeps it
         without the raw token."""
+        self._hand_off = hand_off
 
     # -- identity and capabilities -------------------------------------------------------
 
@@ -253,6 +259,19 @@ class Context:
         2025-06-18), nothing happens. ``True`` when a connection was let go.
         """
         return self._close_stream() if self._close_stream is not None else False
+
+    def hand_off(self, stream: PushStream) -> bool:
+        """Let the transport deliver ``stream`` after this handler returns (``True``), or not.
+
+        A request that turns into a stream lasting hours (``subscriptions/listen``) should not
+        keep its handler, its request and its transport's request frames alive all that time.
+        A transport that can drive the stream from a task it already has (tritask's HTTP
+        server: the connection's task, which also notices the client going away) takes it
+        over: it sends the stream's notifications until it ends, then this request's response
+        (what the handler returns), and closes it when the client goes away. ``False`` (every
+        other transport, a detached context): the handler delivers it itself.
+        """
+        return self._hand_off is not None and self._hand_off(stream)
 
     # -- MRTR and task input -------------------------------------------------------------
 

@@ -39,8 +39,8 @@ from tritask.protocol.meta import (
 from tritask.protocol.versions import INPUT_REQUIRED_METHODS, SUPPORTED_VERSIONS
 from tritask.server import invocation
 from tritask.server.app import App, ToolDef
-from tritask.server.context import Context, Emit
-from tritask.server.hub import HubEvent, Subscription
+from tritask.server.context import Context, Emit, HandOff
+from tritask.server.listen import ListenStream
 from tritask.server.mrtr import InputRequired
 from tritask.server.results import (
     InvalidResult,
@@ -90,15 +90,19 @@ class Dispatcher:
         emit: Emit | None = None,
         cancel_scope: trio.CancelScope | None = None,
         auth: AccessToken | None = None,
+        hand_off: HandOff | None = None,
     ) -> dict[str, JSONValue]:
         """The response message for ``request`` (a result or an error, never an exception).
 
         ``auth`` is the request's verified token (``ctx.auth``). A transport that passes one
         answers :class:`InsufficientScope` itself (HTTP 403), so that error propagates.
+        ``hand_off`` is the transport's offer to deliver a long-lived stream itself
+        (:meth:`Context.hand_off`): when it takes one, the response returned here is to be
+        sent after that stream has ended.
         """
         try:
             result = await self._handle(
-                request, headers, principal, transport, emit, cancel_scope, auth
+                request, headers, principal, transport, emit, cancel_scope, auth, hand_off
             )
         except InsufficientScope as error:
             if auth is not None:
@@ -122,6 +126,7 @@ class Dispatcher:
         emit: Emit | None,
         cancel_scope: trio.CancelScope | None,
         auth: AccessToken | None = None,
+        hand_off: HandOff | None = None,
     ) -> dict[str, JSONValue]:
         params: dict[str, JSONValue] = dict(request.params or {})
         method = request.method
@@ -160,6 +165,7 @@ class Dispatcher:
             input_responses=input_responses,
             request_state=request_state,
             auth=auth,
+            hand_off=hand_off,
         )
         result = await handler(params, ctx)
         return self.shape(result)
@@ -401,13 +407,23 @@ class Dispatcher:
         return {"completion": completion}
 
     async def _listen(self, params: dict[str, JSONValue], ctx: Context) -> dict[str, JSONValue]:
-        # What is built only to open the stream (the server's capabilities, the
-        # acknowledgement) lives in helpers' frames, not in this one, which lasts as long as
-        # the stream does (10,000 open streams would each hold a copy).
+        # The opening runs here; the stream that follows (tritask.server.listen) keeps none of
+        # the request: what is built only to open it (the server's capabilities, the
+        # acknowledgement) lives in helpers' frames, and a transport that takes the stream
+        # over (ctx.hand_off) lets this frame, the request and its own frames go at once.
+        stream = await self._open_listen(params, ctx)
+        response = {"_meta": dict(stream.tag)}
+        if not ctx.hand_off(stream):
+            await stream.run(ctx.emit)
+        return response
+
+    async def _open_listen(self, params: dict[str, JSONValue], ctx: Context) -> ListenStream:
+        """Grant the filter, open the hub subscription, send the acknowledgement and the
+        extensions' snapshots: the stream, ready to deliver (closed if the opening fails)."""
         accepted = await self._listen_filter(params, ctx)
-        subscription_id = ctx.request_id
-        tag = {SUBSCRIPTION_ID_KEY: subscription_id}
-        subscription = self.app.hub.open(accepted)
+        tag: dict[str, JSONValue] = {SUBSCRIPTION_ID_KEY: ctx.request_id}
+        hub = self.app.hub
+        subscription = hub.open(accepted)
         try:
             for extension in self.app.extensions.values():
                 extension.subscription_opened(subscription, ctx)
@@ -416,14 +432,10 @@ class Dispatcher:
                 {"_meta": dict(tag), "notifications": dict(accepted)},
             )
             await self._send_snapshots(accepted, ctx, tag)
-            async for event in subscription:
-                await self._deliver(event, subscription, ctx, tag)
-                # Hold nothing of a sent event while waiting for the next (an idle stream
-                # must not keep a task's state alive).
-                del event
-        finally:
-            self.app.hub.close_subscription(subscription)
-        return {"_meta": dict(tag)}
+        except BaseException:
+            hub.close_subscription(subscription)
+            raise
+        return ListenStream(hub, subscription, tag, ctx.detach())
 
     async def _send_snapshots(
         self, accepted: dict[str, JSONValue], ctx: Context, tag: dict[str, JSONValue]
@@ -462,21 +474,3 @@ class Dispatcher:
         for extension in self.app.extensions.values():
             accepted.update(await extension.subscription_filter(requested, ctx))
         return accepted
-
-    @staticmethod
-    async def _deliver(
-        event: HubEvent, subscription: Subscription, ctx: Context, tag: dict[str, JSONValue]
-    ) -> None:
-        """Send one hub event on a listen stream (rendered by the stream when it says so)."""
-        if event.render is not None:
-            rendered = await event.render(subscription, ctx)
-            if rendered is None:
-                return
-            params = dict(rendered)
-        else:
-            params = dict(event.params)
-        event_meta = params.get("_meta")
-        merged = dict(event_meta) if isinstance(event_meta, dict) else {}
-        merged.update(tag)
-        params["_meta"] = merged
-        await ctx.send_notification(event.method, params)

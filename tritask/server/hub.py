@@ -83,7 +83,9 @@ class Subscription:
     _events: collections.deque[HubEvent] | None = attrs.field(default=None, init=False)
     """Buffered events, ``None`` while there are none: an empty deque takes 624 bytes, and
     most of the time most streams have nothing buffered."""
-    _wake: trio.Event | None = attrs.field(default=None, init=False)
+    _wake: Callable[[], None] | None = attrs.field(default=None, init=False)
+    """Called once when an event is buffered or the stream ends: the iterating task's
+    ``Event.set``, or the waker of whoever drives the stream (:meth:`set_waker`)."""
     _ended: bool = attrs.field(default=False, init=False)
 
     def __aiter__(self) -> Subscription:
@@ -95,13 +97,45 @@ class Subscription:
         while not self._events:
             if self._ended:
                 raise StopAsyncIteration
-            self._wake = trio.Event()
-            await self._wake.wait()
+            await self.wait()
+        event = self.take()
+        assert event is not None
+        return event
+
+    async def wait(self) -> None:
+        """Park until :attr:`ready` (returns at once, without a checkpoint, if it is)."""
+        if self.ready:
+            return
+        event = trio.Event()
+        self._wake = event.set
+        try:
+            await event.wait()
+        finally:
+            if self._wake == event.set:
+                self._wake = None
+
+    @property
+    def ready(self) -> bool:
+        """An event is buffered, or the stream has ended: taking it does not wait."""
+        return bool(self._events) or self._ended
+
+    def take(self) -> HubEvent | None:
+        """The oldest buffered event, without waiting (``None``: nothing is buffered)."""
         events = self._events
+        if not events:
+            return None
         event = events.popleft()
         if not events:
             self._events = None
         return event
+
+    def set_waker(self, wake: Callable[[], None] | None) -> None:
+        """Have ``wake`` called (once) when the stream becomes :attr:`ready`; at once if it
+        already is. ``None`` removes it. This lets a task that waits on something else too
+        (a transport's socket) learn of events without a task of the stream's own."""
+        self._wake = wake
+        if wake is not None and self.ready:
+            self._notify()
 
     def push(
         self,
@@ -124,9 +158,10 @@ class Subscription:
         return self._ended
 
     def _notify(self) -> None:
-        if self._wake is not None:
-            self._wake.set()
+        wake = self._wake
+        if wake is not None:
             self._wake = None
+            wake()
 
     def _end(self) -> None:
         self._ended = True

@@ -2,8 +2,8 @@
 
 It implements only what tritask's Streamable HTTP application needs, and keeps the hot path
 short: per connection one task runs the requests one after the other (the ASGI application is
-called directly in it, no task per request) and one sibling reads the socket all the time, so
-that
+called directly in it, no task per request) and, while the application runs, one sibling reads
+the socket, so that
 
 * pipelined requests are buffered in h11 and answered strictly in order;
 * EOF or a reset while a request is in flight becomes ``http.disconnect`` at once (and cancels
@@ -34,6 +34,20 @@ awaits ``tick()`` from its reading task every ``interval`` seconds until the res
 complete. This gives an application disconnect-cancellation and periodic keep-alives without a
 task of its own per request; under any other server it falls back to watching ``receive()``.
 
+**The ``tritask.response_handoff`` extension.** The scope also advertises
+``scope["extensions"]["tritask.response_handoff"] == {}``. An application whose response is a
+stream lasting hours (a listen stream) may, once it has started the response, send
+``{"type": "tritask.response_handoff", "source": ResponseSource, "interval": float,
+"keepalive": bytes}`` and return. The server then drives the source from the connection's own
+task: the reading task ends, and that one task writes the source's chunks as they become ready,
+writes ``keepalive`` every ``interval`` seconds, and meanwhile waits on the socket itself, so
+EOF or a reset ends the response at once; the source's waker cancels that wait when it has
+something (:class:`ResponseSource`). The application's frames, its scope and whatever it read
+of the request are gone while the stream lasts, and the connection costs one trio task. The
+source is closed exactly once, however the response ends; after a complete one the connection
+reads and serves the next request as usual. Under any other server the application delivers
+the stream itself.
+
 Graceful shutdown: when ``shutdown_trigger`` returns, the listeners close, idle connections are
 closed, in-flight requests finish (their response says ``Connection: close``) and whatever is
 left after ``graceful_timeout`` is cancelled.
@@ -48,14 +62,14 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from email.utils import formatdate
 from http import HTTPStatus
-from typing import Any, Final
+from typing import Any, Final, Protocol
 from urllib.parse import unquote, urlsplit
 
 import attrs
 import h11
 import trio
 
-__all__ = ["WATCH_EXTENSION", "ServerConfig", "serve"]
+__all__ = ["HANDOFF_EXTENSION", "WATCH_EXTENSION", "ResponseSource", "ServerConfig", "serve"]
 
 log = logging.getLogger("tritask.http.server")
 
@@ -66,6 +80,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 WATCH_EXTENSION: Final = "tritask.request_watch"
+HANDOFF_EXTENSION: Final = "tritask.response_handoff"
 _ASGI: Final = {"version": "3.0", "spec_version": "2.3"}
 _ACCEPT_CAPACITY_ERRNOS: Final = frozenset(
     {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
@@ -137,6 +152,34 @@ class ServerConfig:
             raise ValueError(f"max_connections must be >= 1 or None, not {self.max_connections}")
 
 
+class ResponseSource(Protocol):
+    """The rest of a streamed response, handed to the server (``HANDOFF_EXTENSION``).
+
+    The server drives it from the connection's task: while nothing is :attr:`ready` that task
+    waits on the socket (for the peer going away), on the keep-alive timer and on the waker it
+    set, all at once, so the response needs no task of its own.
+    """
+
+    @property
+    def ready(self) -> bool:
+        """:meth:`next_chunk` would not wait for news (it has data, or the body is over)."""
+        ...
+
+    def set_waker(self, wake: Callable[[], None] | None) -> None:
+        """Call ``wake`` once when :attr:`ready` becomes true (at once if it is); ``None``
+        removes it. ``wake`` may be called from any trio task of the thread."""
+        ...
+
+    async def next_chunk(self) -> tuple[bytes, bool]:
+        """The next body bytes (possibly empty) and whether more follow."""
+        ...
+
+    def close(self) -> None:
+        """The response is over: complete, the peer gone, or the connection torn down or
+        cancelled. Called exactly once by the server; releases what the source holds."""
+        ...
+
+
 _date_cache: list[Any] = [0, b""]
 
 
@@ -165,11 +208,13 @@ class _Cycle:
         "head",
         "headers_sent",
         "interval",
+        "keepalive",
         "next_tick",
         "pending",
         "received",
         "response_complete",
         "response_started",
+        "source",
         "tick",
         "watch_scope",
     )
@@ -197,6 +242,10 @@ class _Cycle:
         self.tick: Callable[[], Awaitable[None]] | None = None
         self.interval = 0.0
         self.next_tick = math.inf
+        self.keepalive = b""
+        self.source: ResponseSource | None = None
+        """The rest of the response, handed off (``HANDOFF_EXTENSION``): the connection's task
+        drives it once the application has returned."""
 
     # -- receive -------------------------------------------------------------------------
 
@@ -271,15 +320,9 @@ class _Cycle:
                 raise RuntimeError("http.response.body before http.response.start")
             if self.response_complete:
                 raise RuntimeError("http.response.body after the response was complete")
-            body = message.get("body", b"")
-            more = bool(message.get("more_body", False))
-            if not more:
-                self._complete()
-            if self.conn.eof:
-                return
-            await self.conn.write_with(lambda: self._serialize(body, more))
-            if not more:
-                self.conn.wakeup.unpark_all()
+            if self.source is not None:
+                raise RuntimeError("http.response.body after the response was handed off")
+            await self.write_body(message.get("body", b""), bool(message.get("more_body", False)))
         elif kind == "http.response.start":
             if self.response_started:
                 raise RuntimeError("http.response.start sent twice")
@@ -288,8 +331,21 @@ class _Cycle:
             self.pending = (int(message["status"]), headers)
         elif kind == WATCH_EXTENSION:
             self._watch(message)
+        elif kind == HANDOFF_EXTENSION:
+            self._hand_off(message)
         else:
             raise RuntimeError(f"unexpected ASGI message {kind!r}")
+
+    async def write_body(self, body: bytes, more: bool) -> None:
+        """Write part of the body (all of it when ``more`` is false); a no-op once the peer is
+        gone."""
+        if not more:
+            self._complete()
+        if self.conn.eof:
+            return
+        await self.conn.write_with(lambda: self._serialize(body, more))
+        if not more:
+            self.conn.wakeup.unpark_all()
 
     def _serialize(self, body: bytes, more: bool) -> bytes:
         if not more and not self.headers_sent and self.direct:
@@ -342,16 +398,16 @@ class _Cycle:
             lines.append(body)
         h.send(_SHADOW)
         h.send(_EOM)
-        self.headers_sent = True
+        self._headers_sent()
         return b"".join(lines)
 
     def _serialize_h11(self, body: bytes, more: bool) -> bytes:
         h = self.conn.h11
         parts: list[bytes] = []
         if not self.headers_sent:
-            self.headers_sent = True
             assert self.pending is not None
             status, headers = self.pending
+            self._headers_sent()
             length = None if more else len(body)
             parts.append(h.send(self._response(status, headers, length)) or b"")
         if body and not self.head:
@@ -374,6 +430,13 @@ class _Cycle:
         if conn.closing or self._close_early():
             headers.append((b"connection", b"close"))
         return h11.Response(status_code=status, headers=headers, reason=_REASONS.get(status, b""))
+
+    def _headers_sent(self) -> None:
+        # The head is written: its header list is not kept while the body streams (a listen
+        # stream's lasts hours); ``pending`` stays set, it also marks a started response.
+        self.headers_sent = True
+        assert self.pending is not None
+        self.pending = (self.pending[0], [])
 
     def _close_early(self) -> bool:
         """Answering before the request body was read: close unless the rest is cheap to drop."""
@@ -429,9 +492,45 @@ class _Cycle:
         if not self.response_complete and self.watch_scope is not None:
             self.watch_scope.cancel()
 
+    # -- the hand-off extension ----------------------------------------------------------
+
+    def _hand_off(self, message: Message) -> None:
+        source = message.get("source")
+        if source is None or not callable(getattr(source, "next_chunk", None)):
+            raise TypeError(f"{HANDOFF_EXTENSION}: source must be a ResponseSource")
+        if self.pending is None or self.response_complete or self.source is not None:
+            raise RuntimeError(
+                f"{HANDOFF_EXTENSION} needs a started, incomplete response, handed off once"
+            )
+        # The application's own watch ends here: from now on the connection's task is the
+        # only one serving this response (the tick and the scope belong to frames that go).
+        self.watch_scope = None
+        self.tick = None
+        if self.conn.eof:
+            source.close()
+            return
+        self.source = source
+        interval = float(message.get("interval") or 0.0)
+        keepalive = bytes(message.get("keepalive") or b"")
+        if interval > 0 and keepalive:
+            self.interval = interval
+            if self.next_tick == math.inf:
+                self.next_tick = trio.current_time() + interval
+            self.keepalive = keepalive
+        else:
+            self.interval = 0.0
+            self.next_tick = math.inf
+
+    def drop_source(self) -> None:
+        """Close a handed-off source that will not be driven (the connection is ending)."""
+        source, self.source = self.source, None
+        if source is not None:
+            source.close()
+
 
 class _Connection:
-    """One accepted socket: a request loop (this task) and a reading task beside it."""
+    """One accepted socket: a request loop (this task) and a reading task beside it while an
+    application runs; this task alone while it drives a handed-off response."""
 
     # Slots: one of these lives as long as its connection (10,000 open listen streams hold
     # 10,000 of them), and a per-instance dict of 21 attributes costs about 1 KiB.
@@ -445,6 +544,7 @@ class _Connection:
         "_idle_expired",
         "_idle_since",
         "_read_scope",
+        "_reading",
         "_resume",
         "_server",
         "_write_lock",
@@ -483,6 +583,8 @@ class _Connection:
         self._head_deadline = now + config.header_timeout
         """When the pending request head must be complete (``inf``: no head is pending)."""
         self._read_scope: trio.CancelScope | None = None
+        self._reading = True
+        """The reading task runs (``False``: it stops, a handed-off response is to be driven)."""
         self.cycle: _Cycle | None = None
         self._client = _address(stream.socket.getpeername())
         self._server = _address(stream.socket.getsockname())
@@ -520,12 +622,12 @@ class _Connection:
         stream = self.stream
         h = self.h11
         size = self.config.receive_size
-        while True:
+        while self._reading:
             # One cancel scope for many reads: its deadline is the next timer (idle timeout or
             # tick); it may fire early, then the timers are checked and it is armed again.
             with trio.CancelScope(deadline=self._next_deadline()) as scope:
                 self._read_scope = scope
-                while True:
+                while self._reading:
                     if self._buffered > self._buffer_limit:
                         await self._resume.park()
                         continue
@@ -533,13 +635,9 @@ class _Connection:
                         data = await stream.receive_some(size)
                     except (trio.BrokenResourceError, trio.ClosedResourceError):
                         data = b""
-                    if not data:
+                    if not self._received(data):
                         self._read_scope = None
-                        h.receive_data(b"")
-                        self.peer_gone()
                         return
-                    h.receive_data(data)
-                    self._buffered += len(data)
                     if (
                         self.cycle is None
                         and not self._head_started
@@ -548,8 +646,26 @@ class _Connection:
                         self._head_begins(scope)
                     self.wakeup.unpark_all()
             self._read_scope = None
-            if not await self._on_timer():
+            if not self._reading or not await self._on_timer():
                 return
+
+    def _received(self, data: bytes) -> bool:
+        """Feed h11 what the socket gave; ``False`` at EOF (the peer is gone)."""
+        if not data:
+            self.h11.receive_data(b"")
+            self.peer_gone()
+            return False
+        self.h11.receive_data(data)
+        self._buffered += len(data)
+        return True
+
+    def _stop_reading(self) -> None:
+        """End the reading task at its next wait (never in the middle of a tick's write: ticks
+        run outside the receive's cancel scope), so that one task serves the connection."""
+        self._reading = False
+        if self._read_scope is not None:
+            self._read_scope.cancel()
+        self._resume.unpark_all()
 
     async def _on_timer(self) -> bool:
         """A timer fired: run a due tick; ``False`` once the idle timeout closed the line."""
@@ -607,31 +723,49 @@ class _Connection:
     # -- the request loop ----------------------------------------------------------------
 
     async def run(self) -> None:
+        while (handed_off := await self._serve_requests()) is not None:
+            await self._drive(handed_off)
+            if not await self._end_cycle(handed_off):
+                break
+        await self._close()
+
+    async def _serve_requests(self) -> _Cycle | None:
+        """Requests with the reading task beside them, until the connection ends (``None``) or
+        a response is handed off: then the reading task ends by itself (it is between reads
+        or ticks, never inside a write) and the cycle is returned, to be driven by this task
+        alone. Nothing of this frame (the nursery) is kept while it is."""
+        self._reading = True
+        handed_off: _Cycle | None = None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._read_loop)
             try:
-                await self._requests()
+                handed_off = await self._requests()
             finally:
-                nursery.cancel_scope.cancel()
-        await self._close()
+                if handed_off is None:
+                    nursery.cancel_scope.cancel()
+                else:
+                    self._stop_reading()
+        return handed_off
 
-    async def _requests(self) -> None:
+    async def _requests(self) -> _Cycle | None:
+        """Serve requests until the connection ends (``None``) or a response is handed off
+        (its cycle: the caller drives it without the reading task, then comes back)."""
         h = self.h11
         while True:
             if self.closing or self._idle_expired:
-                return
+                return None
             if self._head_expired:
                 if self._head_started and not self.eof:
                     await self._refuse(408)
-                return
+                return None
             try:
                 event = h.next_event()
             except h11.RemoteProtocolError as error:
                 await self._refuse(error.error_status_hint)
-                return
+                return None
             if event is h11.NEED_DATA:
                 if self.eof:
-                    return
+                    return None
                 self.make_room()
                 await self.wakeup.park()
                 continue
@@ -644,10 +778,14 @@ class _Connection:
                 scope = self._scope(event)
                 method, path = event.method, event.target.split(b"?", 1)[0]
                 del event
-                if not await self._cycle(cycle, scope, method, path):
-                    return
+                await self._call(cycle, scope, method, path)
+                del scope
+                if cycle.source is not None:
+                    return cycle
+                if not await self._end_cycle(cycle):
+                    return None
                 continue
-            return  # ConnectionClosed
+            return None  # ConnectionClosed
 
     def _scope(self, request: h11.Request) -> Scope:
         target = bytes(request.target)
@@ -668,26 +806,38 @@ class _Connection:
             "headers": list(request.headers),
             "client": self._client,
             "server": self._server,
-            "extensions": {WATCH_EXTENSION: {}},
+            "extensions": {WATCH_EXTENSION: {}, HANDOFF_EXTENSION: {}},
         }
 
-    async def _cycle(self, cycle: _Cycle, scope: Scope, method: bytes, path: bytes) -> bool:
-        """Serve one request (``path``: its target without the query, for the log only: a
-        query string may carry credentials, ``?access_token=``); ``True`` when the
-        connection can carry the next one."""
+    async def _call(self, cycle: _Cycle, scope: Scope, method: bytes, path: bytes) -> None:
+        """Run the application for one request (``path``: its target without the query, for
+        the log only: a query string may carry credentials, ``?access_token=``)."""
         self.cycle = cycle
         try:
             await self.app(scope, cycle.receive, cycle.send)
         except Exception:
             log.exception("ASGI application failed on %s %r", method, path)
-        finally:
-            cycle.finished = True
-            self.cycle = None
-            self._idle_since = trio.current_time()
-            if self.h11.trailing_data[0]:  # a pipelined head has begun: its timer starts now
-                self._head_begins(None)
-                self.wake_reader_by(self._head_deadline)
-            self.wakeup.unpark_all()
+            cycle.drop_source()
+        except BaseException:
+            cycle.drop_source()
+            self._cycle_over(cycle)
+            raise
+        if cycle.source is not None and self.eof:
+            cycle.drop_source()
+
+    def _cycle_over(self, cycle: _Cycle) -> None:
+        cycle.finished = True
+        self.cycle = None
+        self._idle_since = trio.current_time()
+        if self.h11.trailing_data[0]:  # a pipelined head has begun: its timer starts now
+            self._head_begins(None)
+            self.wake_reader_by(self._head_deadline)
+        self.wakeup.unpark_all()
+
+    async def _end_cycle(self, cycle: _Cycle) -> bool:
+        """Finish a request whose application returned (and whose handed-off response, if
+        any, was driven): ``True`` when the connection can carry the next one."""
+        self._cycle_over(cycle)
         if not cycle.response_started and not self.eof:
             await cycle.send(
                 {
@@ -706,6 +856,54 @@ class _Connection:
             return False
         h.start_next_cycle()
         return True
+
+    # -- a handed-off response: one task for the connection -------------------------------
+
+    async def _drive(self, cycle: _Cycle) -> None:
+        """Serve a handed-off response from this task alone until it is complete or the peer
+        is gone: the source's chunks as they become ready, the keep-alive bytes on their
+        timer, and the socket read meanwhile, so EOF or a reset ends it at once (and what
+        else arrives, a pipelined request, is buffered in h11 within the usual limit).
+
+        The source is closed however this ends (complete, peer gone, cancelled).
+        """
+        source = cycle.source
+        assert source is not None
+        try:
+            while not self.eof:
+                if trio.current_time() >= cycle.next_tick:
+                    cycle.next_tick = trio.current_time() + cycle.interval
+                    await cycle.write_body(cycle.keepalive, True)
+                elif source.ready:
+                    chunk, more = await source.next_chunk()
+                    if chunk or not more:
+                        await cycle.write_body(chunk, more)
+                    if not more:
+                        return
+                    del chunk
+                else:
+                    await self._wait_idle(source, cycle.next_tick)
+        finally:
+            cycle.drop_source()
+
+    async def _wait_idle(self, source: ResponseSource, deadline: float) -> None:
+        """Wait for the source to become ready, for ``deadline``, or for the socket: whichever
+        comes first. The source's waker cancels this wait's scope, which interrupts the
+        receive without losing data (trio's receive is cancellable before it reads)."""
+        data: bytes | None = None
+        with trio.CancelScope(deadline=deadline) as wait:
+            source.set_waker(wait.cancel)
+            try:
+                if self._buffered > self._buffer_limit:
+                    await trio.sleep_forever()  # read no more until the response is over
+                try:
+                    data = await self.stream.receive_some(self.config.receive_size)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    data = b""
+            finally:
+                source.set_waker(None)
+        if data is not None:
+            self._received(data)
 
     async def _discard_body(self) -> bool:
         """Read and drop a request body the application left unread (within the limits)."""

@@ -19,6 +19,14 @@ away and calls ``tick`` every ``keepalive_seconds``, and the handler runs withou
 its own. Under any other ASGI server (hypercorn, or mounted in another app) a sibling task
 watches ``receive()`` for ``http.disconnect`` and another sends the keep-alives, as ``send()``
 does not raise after a disconnect there.
+
+A stream that lasts hours (``subscriptions/listen``) is handed off. When the server also
+offers ``tritask.response_handoff``, the exchange passes the dispatcher a ``hand_off`` that
+takes the handler's stream (``Context.hand_off``); once the handler has returned, the exchange
+gives the server a :class:`_StreamTail` (the stream, the request id, the response already
+framed) and returns, so the request, its headers, the scope and every frame down to the
+handler are released, and the server's connection task delivers the stream and notices the
+client going away. Elsewhere the handler delivers the stream in the request as before.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ import trio
 
 from tritask.auth.bearer import BearerAuth, Refusal
 from tritask.jsonrpc import (
+    InternalError,
     InvalidRequest,
     JSONValue,
     MessageError,
@@ -59,7 +68,8 @@ from tritask.protocol.legacy import is_legacy_request
 from tritask.server.app import App
 from tritask.server.dispatcher import Dispatcher
 from tritask.server.legacy import LegacyDispatcher
-from tritask.transports._h11server import WATCH_EXTENSION, ServerConfig
+from tritask.server.listen import PushStream
+from tritask.transports._h11server import HANDOFF_EXTENSION, WATCH_EXTENSION, ServerConfig
 from tritask.transports._h11server import serve as serve_h11
 from tritask.transports._http_legacy import SESSION_HEADER, LegacyEndpoint
 
@@ -391,9 +401,10 @@ class HttpTransport:
         if isinstance(message, Notification):
             await self._notification(message, headers, send)
             return
-        extensions = scope.get("extensions")
-        watched = extensions is not None and WATCH_EXTENSION in extensions
-        await _Exchange(self, send, receive, self.options.keepalive_seconds, watched).run(
+        extensions = scope.get("extensions") or {}
+        watched = WATCH_EXTENSION in extensions
+        handoff = watched and HANDOFF_EXTENSION in extensions
+        await _Exchange(self, send, receive, self.options.keepalive_seconds, watched, handoff).run(
             message, headers, principal, token
         )
 
@@ -486,11 +497,60 @@ def _status_of(response: dict[str, JSONValue]) -> tuple[int, int | None]:
     return http_response_status(error)
 
 
+_KEEPALIVE: Final = b": keep-alive\n\n"
 _KEEPALIVE_COMMENT: Final[Message] = {
     "type": "http.response.body",
-    "body": b": keep-alive\n\n",
+    "body": _KEEPALIVE,
     "more_body": True,
 }
+
+
+def _sse_event(message: dict[str, JSONValue]) -> bytes:
+    return b"event: message\ndata: " + dumps(message).encode("utf-8") + b"\n\n"
+
+
+class _StreamTail:
+    """A handed-off stream (``Context.hand_off``) as the rest of its SSE response, for the
+    server to drive (``tritask.response_handoff``): the stream's notifications, then the
+    request's response as the last event.
+
+    It holds the stream, the request id and the response already framed: the exchange, the
+    request, its headers and the ASGI scope are gone while it lives.
+    """
+
+    __slots__ = ("_final", "_request_id", "_stream")
+
+    def __init__(self, stream: PushStream, request_id: RequestId, final: bytes) -> None:
+        self._stream = stream
+        self._request_id = request_id
+        self._final = final
+
+    @property
+    def ready(self) -> bool:
+        return self._stream.ready
+
+    def set_waker(self, wake: Callable[[], None] | None) -> None:
+        self._stream.set_waker(wake)
+
+    async def next_chunk(self) -> tuple[bytes, bool]:
+        stream = self._stream
+        try:
+            message = await stream.next_message()
+        except Exception:
+            # As Dispatcher.handle_request answers a handler that raised.
+            log.exception("stream of request %r failed", self._request_id)
+            stream.close()
+            return _sse_event(
+                error_message(self._request_id, InternalError("Internal error"))
+            ), False
+        if message is not None:
+            return _sse_event(message), True
+        if stream.ended:
+            return self._final, False
+        return b"", True
+
+    def close(self) -> None:
+        self._stream.close()
 
 
 @attrs.define(eq=False)
@@ -508,10 +568,21 @@ class _Exchange:
     keepalive: float
     watched: bool = False
     """The server offers ``tritask.request_watch``: no watcher or keep-alive tasks needed."""
+    handoff: bool = False
+    """The server offers ``tritask.response_handoff``: a long-lived stream the handler hands
+    off (``Context.hand_off``) is driven by the server once this exchange has returned."""
     _streaming: bool = False
     _closed: bool = False
     _lock: trio.Lock | None = None
     _refused: InsufficientScope | None = None
+    _handed: PushStream | None = None
+
+    def _take(self, stream: PushStream) -> bool:
+        """``Context.hand_off``: keep ``stream`` to hand to the server after the handler."""
+        if self._handed is not None or self._closed:
+            return False
+        self._handed = stream
+        return True
 
     def _writer_lock(self) -> trio.Lock:
         if self._lock is None:
@@ -539,8 +610,9 @@ class _Exchange:
             if self._closed:
                 return
             await self._start_stream()
-            data = b"event: message\ndata: " + dumps(message).encode("utf-8") + b"\n\n"
-            await self.send({"type": "http.response.body", "body": data, "more_body": True})
+            await self.send(
+                {"type": "http.response.body", "body": _sse_event(message), "more_body": True}
+            )
 
     async def _tick(self) -> None:
         """One keep-alive comment (starting the stream if need be), unless already closed."""
@@ -582,6 +654,7 @@ class _Exchange:
                     emit=self.emit,
                     cancel_scope=scope,
                     auth=token,
+                    hand_off=self._take if self.handoff else None,
                 )
             except InsufficientScope as error:
                 # A real 403 so the client can step up; inside a started stream it can only
@@ -613,6 +686,16 @@ class _Exchange:
                     nursery.start_soon(self._keepalive)
                 response = await self._handle(request, headers, principal, token, handler_scope)
                 nursery.cancel_scope.cancel()
+        handed, self._handed = self._handed, None
+        if handed is not None:
+            try:
+                if response is not None and not self._closed and self._refused is None:
+                    await self._hand_over(handed, request.id, response)
+                    handed = None  # the server owns it now, and closes it
+            finally:
+                if handed is not None:
+                    handed.close()
+            return
         if response is None or self._closed:
             return
         if self._lock is None:
@@ -627,13 +710,31 @@ class _Exchange:
         async with self._lock:
             self._closed = True
             if self._streaming:
-                data = b"event: message\ndata: " + dumps(response).encode("utf-8") + b"\n\n"
-                await self.send({"type": "http.response.body", "body": data, "more_body": False})
+                await self.send(
+                    {"type": "http.response.body", "body": _sse_event(response), "more_body": False}
+                )
             elif self._refused is not None:
                 await self._forbid(request, self._refused)
             else:
                 status, retry_after = _status_of(response)
                 await _json(self.send, status, response, retry_after)
+
+    async def _hand_over(
+        self, stream: PushStream, request_id: RequestId, response: dict[str, JSONValue]
+    ) -> None:
+        """Give the server the rest of the response; this exchange writes nothing after it
+        (a keep-alive tick already waiting for the lock finds it closed)."""
+        async with self._writer_lock():
+            self._closed = True
+            await self._start_stream()
+            await self.send(
+                {
+                    "type": HANDOFF_EXTENSION,
+                    "source": _StreamTail(stream, request_id, _sse_event(response)),
+                    "interval": self.keepalive,
+                    "keepalive": _KEEPALIVE,
+                }
+            )
 
     async def _forbid(self, request: Request, error: InsufficientScope) -> None:
         auth = self.transport.auth
