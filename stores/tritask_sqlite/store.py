@@ -45,10 +45,10 @@ How it works, and why:
   a ``settle`` with that lease before queueing it: the reducer, the record and effects JSON and
   the commit time (the store's clock, read just before the write reservation) are computed
   outside the serialised section. In the lane, after the lease was checked against the live
-  clock, one statement writes the plan: an ``INSERT`` into a TEMP view whose ``INSTEAD OF``
-  trigger writes the ledger entry and the row, both only if the row still equals the
-  remembered one in every column (the record byte for byte) and the event id is new. If it
-  wrote nothing, the full decision runs from the decoded row, in a savepoint.
+  clock, one ``UPDATE`` writes the row only if it still equals the remembered one in every
+  column (the record byte for byte) and the event id is new, then the ledger entry is
+  inserted (a failure between the two rolls the whole batch back: the lane runs the others
+  again). If it wrote nothing, the full decision runs from the decoded row, in a savepoint.
 * **Processes and boot epochs.** Every opener takes an ``flock`` on ``PATH.lock`` for the
   store's life: shared by default (several processes on one host may share the file),
   exclusive with ``exclusive=True``. An exclusive opener advances the persisted boot epoch;
@@ -207,48 +207,16 @@ _INSERT_EVENT = (
     " event_revision, committed_at_us, effects) VALUES (?, ?, ?, ?, ?, ?, ?)"
 )
 _OLD_COLUMNS = [name.strip() for name in _COLUMNS.split(",")[1:]]
-#: The planned settle as one statement (one hand-over of the GIL in the worker thread instead of
-#: several; under load every hand-over waits for the trio thread), so it needs no savepoint in
-#: its batch: a failed statement is undone alone. It inserts into a view whose ``INSTEAD OF``
-#: trigger writes the ledger entry, then the row, both only if the row is still exactly the
-#: planned-on one (every column, the record byte for byte) and the event id is new. The view
-#: and trigger are TEMP: they belong to the connection, not to the file's schema (a TEMP
-#: trigger may write tables of the main database).
-_PLANNED_SETTLE_DDL = (
-    "CREATE TEMP VIEW tritask_planned_settles AS SELECT"
-    " NULL AS task_id, NULL AS record_version, NULL AS record, NULL AS revision,"
-    " NULL AS status, NULL AS retry_at_us, NULL AS event_id, NULL AS event,"
-    " NULL AS event_kind, NULL AS committed_at_us, NULL AS effects, "
-    + ", ".join(f"NULL AS old_{name}" for name in _OLD_COLUMNS)
-    + " WHERE 0;\n"
-    "CREATE TEMP TRIGGER tritask_planned_settle INSTEAD OF INSERT ON tritask_planned_settles"
-    " BEGIN"
-    " INSERT INTO tritask_task_events (task_id, event_id, event, event_kind,"
-    " event_revision, committed_at_us, effects)"
-    " SELECT NEW.task_id, NEW.event_id, NEW.event, NEW.event_kind, NEW.revision,"
-    " NEW.committed_at_us, NEW.effects FROM tritask_tasks t"
-    " WHERE t.task_id = NEW.task_id AND "
-    + " AND ".join(f"t.{name} IS NEW.old_{name}" for name in _OLD_COLUMNS)
+#: The planned settle's row write: only if the row is still exactly the planned-on one (every
+#: column, the record byte for byte) and the event id is not in its ledger. Its ledger entry is
+#: the ordinary ``_INSERT_EVENT``, run only when this wrote the row (see ``_write_planned``).
+_PLANNED_UPDATE = (
+    "UPDATE tritask_tasks SET record_version = ?, record = ?, revision = ?, status = ?,"
+    " retry_at_us = ?, claim_owner = NULL, claim_token = NULL, claim_expires_at_us = NULL,"
+    " claim_epoch = NULL, claim_follows = 0 WHERE task_id = ? AND "
+    + " AND ".join(f"{name} IS ?" for name in _OLD_COLUMNS)
     + " AND NOT EXISTS (SELECT 1 FROM tritask_task_events e"
-    " WHERE e.task_id = NEW.task_id AND e.event_id = NEW.event_id);"
-    # The row is unchanged by the INSERT, so the same match holds; the ledger entry at the
-    # new revision exists only if the INSERT above just wrote it (a ledger revision above the
-    # row's is impossible otherwise).
-    " UPDATE tritask_tasks SET record_version = NEW.record_version,"
-    " record = NEW.record, revision = NEW.revision, status = NEW.status,"
-    " retry_at_us = NEW.retry_at_us, claim_owner = NULL, claim_token = NULL,"
-    " claim_expires_at_us = NULL, claim_epoch = NULL, claim_follows = 0"
-    " WHERE task_id = NEW.task_id AND "
-    + " AND ".join(f"{name} IS NEW.old_{name}" for name in _OLD_COLUMNS)
-    + " AND EXISTS (SELECT 1 FROM tritask_task_events e WHERE e.task_id = NEW.task_id"
-    " AND e.event_id = NEW.event_id AND e.event_revision = NEW.revision);"
-    " END;"
-)
-_WRITE_PLANNED = (
-    "INSERT INTO temp.tritask_planned_settles (task_id, record_version, record, revision,"
-    " status, retry_at_us, event_id, event, event_kind, committed_at_us, effects, "
-    + ", ".join(f"old_{name}" for name in _OLD_COLUMNS)
-    + f") VALUES ({', '.join('?' * (11 + len(_OLD_COLUMNS)))})"
+    " WHERE e.task_id = tritask_tasks.task_id AND e.event_id = ?)"
 )
 #: Where ``concurrency_key`` is in a row of ``_COLUMNS``.
 _KEY_COLUMN: Final = 15
@@ -686,7 +654,6 @@ class SqliteStore:
                     "read-only filesystem cannot host the store"
                 )
             info = schema.install(conn, self._path, advance_epoch=self._exclusive)
-            conn.executescript(_PLANNED_SETTLE_DDL)
             if conn.execute("PRAGMA foreign_keys").fetchone()[0] != 1:
                 raise schema.StoreSchemaError("this SQLite build cannot enforce foreign keys")
             return conn, lock_fd, info
@@ -1782,9 +1749,10 @@ class SqliteStore:
             def planned_first(
                 conn: sqlite3.Connection, now: int
             ) -> Transition | Conflict | NotFound:
-                # In the batch's transaction: the planned write is one statement (the
-                # operation is ``single``); if it wrote nothing, the full decision runs in a
-                # savepoint of its own.
+                # In the batch's transaction: the planned write needs no savepoint (the
+                # operation is ``single``: its row write is one statement, and a failure
+                # after it rolls the whole batch back, see ``_write_planned``); if it wrote
+                # nothing, the full decision runs in a savepoint of its own.
                 written = now < plan.lease.expires_at and self._write_planned(
                     conn, plan, event, event_text
                 )
@@ -1825,35 +1793,60 @@ class SqliteStore:
     def _write_planned(
         self, conn: sqlite3.Connection, planned: _Planned, event: Event, event_text: str
     ) -> bool:
-        """The planned settle as one statement (``_PLANNED_SETTLE_DDL``): written only if the
-        stored row is still exactly the one it was planned on and the event id is not in its
-        ledger. Whether it wrote is told by the connection's change count: the statement runs
-        on a view, whose own row count is always 0; the trigger changes two rows or none."""
+        """The planned settle: the row, written only if it is still exactly the one the plan
+        was made on and the event id is not in its ledger (``_PLANNED_UPDATE``), then its
+        ledger entry. Returns whether it wrote (``False``: nothing was written).
+
+        Two plain statements rather than one ``INSERT`` into a view whose ``INSTEAD OF``
+        trigger wrote both (the design before): the trigger cost the database thread a third
+        more work per settle (an ephemeral table for the view's row, the whole-row match and a
+        ledger lookup done twice) for one hand-over of the GIL fewer. The ledger entry cannot
+        fail on stored state once the row matched (its id is new, its revision above every
+        entry of the row's, its task exists), so it fails only as any statement can (an
+        interrupt, I/O); the row must then not commit without it, and undoing this one
+        operation alone would need a savepoint (two more statements on every settle): the
+        whole transaction is rolled back instead, which the lane already handles as SQLite's
+        own rollback of a batch (the other operations run again, this one fails alone).
+        A WAL ``ROLLBACK`` only drops the connection's uncommitted pages: nothing to fail on.
+        """
         transition = planned.transition
         new = transition.snapshot
-        before = conn.total_changes
         task_id, *old = planned.row  # _COLUMNS order: the task id, then the rest
-        conn.execute(
-            _WRITE_PLANNED,
+        updated = conn.execute(
+            _PLANNED_UPDATE,
             (
-                task_id,
                 snapshot_record_version(new),
                 planned.record,
                 new.revision,
                 new.task.status.value,
                 new.available_at,
-                event.id,
-                event_text,
-                event.kind.value,
-                transition.committed_at,
-                planned.effects,
+                task_id,
                 *old,
+                event.id,
             ),
-        )
-        changed = conn.total_changes - before
-        if changed not in (0, 2):  # pragma: no cover - the trigger writes both or neither
-            raise CorruptStore(new.task.id, f"the planned settle changed {changed} rows, not 2")
-        return changed == 2
+        ).rowcount
+        if updated == 0:
+            return False
+        if updated != 1:  # pragma: no cover - task_id is the primary key
+            raise CorruptStore(new.task.id, f"the planned settle wrote {updated} rows, not 1")
+        try:
+            conn.execute(
+                _INSERT_EVENT,
+                (
+                    task_id,
+                    event.id,
+                    event_text,
+                    event.kind.value,
+                    new.revision,
+                    transition.committed_at,
+                    planned.effects,
+                ),
+            )
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return True
 
     def _apply(
         self,

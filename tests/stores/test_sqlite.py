@@ -14,6 +14,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -1026,8 +1027,69 @@ async def test_an_event_id_already_in_the_ledger_stops_the_planned_settle(
         assert await get(store, "task-1") == claimed_.snapshot
 
 
-async def test_the_planned_settle_view_belongs_to_the_connection(tmp_path: Path) -> None:
-    """Its view and trigger are TEMP: the file's schema is the migrations' alone."""
+async def test_a_ledger_failure_after_the_planned_row_write_undoes_it_and_replays_the_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The planned settle writes the row, then its ledger entry: when the entry fails after the
+    row was written (here a ledger row at the new revision, written behind the store's back),
+    the row must not commit without it. The whole batch is rolled back and the operation
+    before it in the same batch runs again and commits; the settle fails alone."""
+    async with sqlite_store(tmp_path / "tasks.db", ManualClock()) as store:
+        planned = PlannedWrites(store, monkeypatch)
+        claimed_ = await created_claimed(store, "task-1")
+        with raw(store.path) as conn:
+            conn.execute(
+                "INSERT INTO tritask_task_events (task_id, event_id, event, event_kind,"
+                " event_revision, committed_at_us, effects) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                ("task-1", "other-1", '{"kind":"failed"}', "failed", 1, 0, "{}"),
+            )
+        lane = store._lane
+        assert lane is not None
+        gate = threading.Event()
+        held = trio.Event()
+
+        def hold(_conn: sqlite3.Connection) -> None:
+            trio.from_thread.run_sync(held.set, trio_token=token)
+            gate.wait(10)
+
+        token = trio.lowlevel.current_trio_token()
+        done = Event.completed({"content": [], "isError": False}, id="done-1")
+        failures: list[BaseException] = []
+
+        async def settle() -> None:
+            try:
+                await store.settle("task-1", 0, done, claimed_.lease)
+            except sqlite3.IntegrityError as exc:
+                failures.append(exc)
+
+        replays = lane.replays
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(functools.partial(lane.run, hold))  # the lane is busy: both queue
+            await held.wait()
+            nursery.start_soon(created_claimed, store, "task-2")
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(settle)
+            await trio.testing.wait_all_tasks_blocked()
+            gate.set()
+        assert len(failures) == 1
+        assert (planned.tried, planned.count) == (1, 0)
+        assert lane.replays == replays + 1  # the creation ran again after the rollback
+        assert await get(store, "task-1") == claimed_.snapshot  # the row was not written
+        assert (await get(store, "task-2")).revision == 0  # the creation committed
+        with raw(store.path) as conn:
+            rows = conn.execute(
+                "SELECT task_id, event_id FROM tritask_task_events ORDER BY task_id"
+            ).fetchall()
+            (claim,) = conn.execute(
+                "SELECT claim_token FROM tritask_tasks WHERE task_id = 'task-1'"
+            ).fetchone()
+        assert rows == [("task-1", "other-1")]
+        assert claim == claimed_.lease.token
+
+
+async def test_the_planned_settle_leaves_the_schema_alone(tmp_path: Path) -> None:
+    """It needs no object of its own (no view or trigger, TEMP or not): the file's schema is
+    the migrations' alone."""
     async with sqlite_store(tmp_path / "tasks.db", ManualClock()) as store:
         claimed_ = await created_claimed(store, "task-1")
         done = Event.completed({"content": [], "isError": False})
