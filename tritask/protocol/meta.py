@@ -81,4 +81,7 @@ def parse_optional_meta(meta: RequestMeta) -> RequestMeta:
     token = raw.get("progressToken")
     if token is not None and (isinstance(token, bool) or not isinstance(token, str | int)):
         raise InvalidParams("params._meta progressToken must be a string or an integer")
+    unset = meta.log_level is None and meta.progress_token is None
+    if unset and log_level is None and token is None:
+        return meta  # nothing to add (the usual request): the frozen value as it is
     return attrs.evolve(meta, log_level=log_level, progress_token=token)

@@ -25,7 +25,12 @@ from tritask.server.context import Context
 from tritask.server.extension import ConfigurationError, Extension, ServeEnvironment
 from tritask.server.hub import Hub
 from tritask.server.mrtr import RequestStateSealer
-from tritask.server.schema import compile_validator, signature_schema, type_schema
+from tritask.server.schema import (
+    compile_validator,
+    signature_schema,
+    type_schema,
+    validation_errors,
+)
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
@@ -86,6 +91,14 @@ class ToolDef:
     validator: Draft202012Validator = attrs.field(eq=False, repr=False)
     contract: ArgumentContract = attrs.field(eq=False, repr=False)
     """Which arguments ``fn`` can take (``tritask.server.arguments``)."""
+    no_argument_errors: tuple[str, ...] = attrs.field(init=False, eq=False, repr=False)
+    """``validation_errors(validator, {})``, computed once: a call without arguments is checked
+    against the schema exactly as any other (validation is a pure function of the schema and
+    the arguments), without running jsonschema again on every call."""
+
+    @no_argument_errors.default
+    def _no_argument_errors(self) -> tuple[str, ...]:
+        return tuple(validation_errors(self.validator, {}))
 
     def to_wire(self) -> dict[str, JSONValue]:
         tool: dict[str, JSONValue] = {

@@ -36,6 +36,7 @@ log = logging.getLogger("tritask.server")
 
 TRACE_CONTEXT_KEYS = ("traceparent", "tracestate")
 """The ``_meta`` keys of the W3C trace context (reference 1.2) a detached context keeps."""
+_TRACE_KEY_SET = frozenset(TRACE_CONTEXT_KEYS)
 
 __all__ = ["Context", "Emit", "HandOff", "InputProvider", "NotInTask", "Relay", "StepProvider"]
 
@@ -379,12 +380,20 @@ class Context:
         A relay (given here, or kept from a context detached with one) is the only link to a
         request that survives, and it is inert once that request is gone.
         """
-        meta = RequestMeta(
-            protocol_version=self.meta.protocol_version,
-            client_capabilities=self.meta.client_capabilities,
-            client_info=self.meta.client_info,
-            raw={key: self.meta.raw[key] for key in TRACE_CONTEXT_KEYS if key in self.meta.raw},
-        )
+        meta = self.meta
+        if (
+            meta.log_level is not None
+            or meta.progress_token is not None
+            or not meta.raw.keys() <= _TRACE_KEY_SET
+        ):
+            # (A context detached already, as the runner's is when an attempt starts, keeps
+            # its meta: it is exactly what this would build.)
+            meta = RequestMeta(
+                protocol_version=meta.protocol_version,
+                client_capabilities=meta.client_capabilities,
+                client_info=meta.client_info,
+                raw={key: meta.raw[key] for key in TRACE_CONTEXT_KEYS if key in meta.raw},
+            )
         return Context(
             app=self.app,
             method=self.method,

@@ -137,7 +137,10 @@ def prepare_tool_call(
     if not isinstance(arguments, dict):
         raise InvalidParams("tools/call params.arguments must be an object")
     tool.contract.refuse_unknown(arguments)
-    errors = validation_errors(tool.validator, arguments)
+    if arguments:
+        errors = validation_errors(tool.validator, arguments)
+    else:
+        errors = list(tool.no_argument_errors)
     if errors:
         return tool_error_result(f"Invalid arguments for tool {tool.name}: " + "; ".join(errors))
     admitted = tool.contract.admit(arguments)

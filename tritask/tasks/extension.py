@@ -215,9 +215,13 @@ def _invalid_policy(policy: object) -> bool:
     return False
 
 
+_NO_OPTIONS: Final = TaskOptions()
+"""A bare mode's options (a frozen value: one serves every call)."""
+
+
 def _normalise(decision: object) -> tuple[Mode, TaskOptions]:
     if isinstance(decision, str) and decision in _MODES:
-        return _MODES[decision], TaskOptions()
+        return _MODES[decision], _NO_OPTIONS
     if isinstance(decision, tuple) and len(decision) == 2:
         mode, options = decision
         if isinstance(mode, str) and mode in _MODES and isinstance(options, TaskOptions):

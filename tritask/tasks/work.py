@@ -122,6 +122,8 @@ def _copy_other(value: object, what: str, depth: int) -> Any:
 
 def ensure_json_object(value: object, *, what: str = "value") -> JSONObject:
     """Like :func:`ensure_json` but the top level must be a JSON object."""
+    if type(value) is dict and not value:
+        return {}  # (the usual empty field of a record: a new dict, without the walk)
     if not isinstance(value, dict):
         raise InvalidJSON(f"{what} must be a JSON object, not {type(value).__name__}")
     result: JSONObject = ensure_json(value, what=what)

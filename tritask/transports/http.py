@@ -411,11 +411,14 @@ class HttpTransport:
     async def _read_body(self, headers: HeaderView, receive: Receive, send: Send) -> bytes | None:
         limit = self.options.max_body_bytes
         declared = headers.get("content-length")
-        too_large = error_message(None, InvalidRequest(f"Body exceeds {limit} bytes"))
+
+        def too_large() -> dict[str, JSONValue]:  # (built only for a refusal)
+            return error_message(None, InvalidRequest(f"Body exceeds {limit} bytes"))
+
         if declared is not None:
             try:
                 if int(declared) > limit:
-                    await _error(send, 413, too_large)
+                    await _error(send, 413, too_large())
                     return None
             except ValueError:
                 await _error(send, 400, error_message(None, InvalidRequest("Bad Content-Length")))
@@ -429,7 +432,7 @@ class HttpTransport:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
-                await _error(send, 413, too_large)
+                await _error(send, 413, too_large())
                 return None
             chunks.append(chunk)
             if not message.get("more_body", False):
