@@ -21,19 +21,19 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from tritask import App, Context, Tasks, elicitation
+
+if TYPE_CHECKING:
+    from tritask.testing import ServeProcess
+    from tritask.testing.client import Client, HttpTransport
 
 # -- the service (what `tritask serve examples/11_durable_steps.py:app` runs) ----------------
 
@@ -128,64 +128,30 @@ app.add_extension(
 
 # -- the story (the parent process: starts, kills and restarts the server) -------------------
 
-URL_LINE = re.compile(r"serving Streamable HTTP on (http://\S+/mcp)")
+
+def server(directory: Path, *, slow_charge: bool) -> ServeProcess:
+    """A real ``tritask serve`` of this file on ``directory/refunds.db`` (``async with`` starts
+    it and waits until it has printed its URL; leaving the block always ends it)."""
+    from tritask.testing import ServeProcess  # the parent's only: the served app needs none
+
+    env = {
+        **os.environ,
+        "REFUND_EXAMPLE_DIR": str(directory),
+        "REFUND_EXAMPLE_SLOW_CHARGE": "1" if slow_charge else "0",
+    }
+    return ServeProcess(
+        f"{Path(__file__).resolve()}:app",
+        store=f"sqlite:{directory / 'refunds.db'}",
+        env=env,
+        args=("--log-level", "ERROR"),
+    )
 
 
-class Server:
-    def __init__(self, directory: Path, *, slow_charge: bool) -> None:
-        env = {
-            **os.environ,
-            "REFUND_EXAMPLE_DIR": str(directory),
-            "REFUND_EXAMPLE_SLOW_CHARGE": "1" if slow_charge else "0",
-        }
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tritask",
-                "serve",
-                f"{Path(__file__).resolve()}:app",
-                "--http",
-                "127.0.0.1:0",
-                "--store",
-                f"sqlite:{directory / 'refunds.db'}",
-                "--log-level",
-                "ERROR",
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        self.url: str | None = None
-        self._ready = threading.Event()
-        threading.Thread(target=self._drain, daemon=True).start()
+def client_of(served: ServeProcess) -> tuple[Client, HttpTransport]:
+    from tritask.testing.client import Client, HttpTransport
 
-    def _drain(self) -> None:
-        assert self.process.stderr is not None
-        for line in self.process.stderr:
-            found = URL_LINE.search(line)
-            if found and self.url is None:
-                self.url = found.group(1)
-                self._ready.set()
-        self._ready.set()
-
-    async def client(self) -> tuple[Any, Any]:
-        from tritask.testing.client import Client, HttpTransport
-
-        await trio.to_thread.run_sync(self._ready.wait, 60)
-        assert self.url is not None, "the server did not start"
-        transport = HttpTransport(self.url)
-        return Client(transport, capabilities={"elicitation": {}}), transport
-
-    def kill(self) -> None:
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(30)
-
-    def stop(self) -> None:
-        self.process.send_signal(signal.SIGINT)
-        assert self.process.wait(30) == 0
+    transport = HttpTransport(served.url)
+    return Client(transport, capabilities={"elicitation": {}}), transport
 
 
 async def wait_for(probe: Any, what: str, seconds: float = 60) -> Any:
@@ -201,43 +167,45 @@ async def wait_for(probe: Any, what: str, seconds: float = 60) -> Any:
 async def main(directory: Path) -> None:
     global DATA
     DATA = directory
-    first = Server(directory, slow_charge=True)
-    client, transport = await first.client()
-    created = await client.call_tool("refund", {"order": "A-1001"})
-    task_id = created["taskId"]
-    assert created["resultType"] == "task" and isinstance(task_id, str)
-    print("1. refund task", task_id, "created")
+    async with server(directory, slow_charge=True) as first:
+        client, transport = client_of(first)
+        created = await client.call_tool("refund", {"order": "A-1001"})
+        task_id = created["taskId"]
+        assert created["resultType"] == "task" and isinstance(task_id, str)
+        print("1. refund task", task_id, "created")
 
-    async def refunded() -> bool:
-        return bool(_lines("provider.jsonl"))
+        async def refunded() -> bool:
+            return bool(_lines("provider.jsonl"))
 
-    await wait_for(refunded, "the provider never refunded")
-    first.kill()
-    await transport.aclose()
+        await wait_for(refunded, "the provider never refunded")
+        await first.akill()
+        await transport.aclose()
     print("2. killed after the provider refunded, before the charge step was recorded")
 
-    second = Server(directory, slow_charge=False)
-    client, transport = await second.client()
+    async with server(directory, slow_charge=False) as second:
+        client, transport = client_of(second)
 
-    async def asked() -> bool:
-        task = await client.get_task(task_id)
-        return bool(task["status"] == "input_required")
+        async def asked() -> bool:
+            task = await client.get_task(task_id)
+            return bool(task["status"] == "input_required")
 
-    await wait_for(asked, "the confirmation was never asked")
-    await trio.sleep(1.0)  # past suspend_input_after_ms: the task is suspended, no worker holds it
-    second.kill()
-    await transport.aclose()
+        await wait_for(asked, "the confirmation was never asked")
+        await trio.sleep(1.0)  # past suspend_input_after_ms: suspended, no worker holds it
+        await second.akill()
+        await transport.aclose()
     print("3. killed again while the task waited (suspended) for the operator's confirmation")
 
-    third = Server(directory, slow_charge=False)
-    client, transport = await third.client()
-    task = await client.get_task(task_id)
-    assert task["status"] == "input_required", task
-    await client.update_task(task_id, {"confirm": {"action": "accept", "content": {"ok": True}}})
-    print("4. the operator confirmed through the third server")
-    done = await client.wait_task(task_id, poll_seconds=0.05)
-    await transport.aclose()
-    third.stop()
+    async with server(directory, slow_charge=False) as third:
+        client, transport = client_of(third)
+        task = await client.get_task(task_id)
+        assert task["status"] == "input_required", task
+        await client.update_task(
+            task_id, {"confirm": {"action": "accept", "content": {"ok": True}}}
+        )
+        print("4. the operator confirmed through the third server")
+        done = await client.wait_task(task_id, poll_seconds=0.05)
+        await transport.aclose()
+        assert await third.astop() == 0, third.stderr
     assert done["status"] == "completed", done
     result = done["result"]
     assert isinstance(result, dict)
