@@ -886,3 +886,48 @@ async def test_cancel_reaches_work_in_a_thread_through_the_token() -> None:
     assert [md["outcome"] for _, md in events.named(ins.JOB_STOP)] == ["cancelled"]
     assert store.history("threaded")[-1].event.kind is EventKind.CANCELLED
     assert len(store.history("threaded")) == 1
+
+
+# -- values crossing the runner and the store -----------------------------------------------------
+
+
+async def test_what_callers_and_executors_keep_cannot_change_a_stored_task(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Every value is copied once where it crosses into the runtime: the work a caller hands to
+    ``create_task``, the snapshot it gets back, the result an executor returns (and keeps) and
+    the work it is given; mutating any of them afterwards changes nothing stored."""
+    kept: list[dict[str, Any]] = []
+    done = trio.Event()
+
+    async def script(work: Work, token: ExecutionToken) -> Completed:
+        work.input["arguments"]["n"].append("from the executor")
+        result: dict[str, Any] = {"content": [{"type": "text", "text": "ok"}], "isError": False}
+        kept.append(result)
+        done.set()
+        return Completed(result)
+
+    store = MemoryStore(scope="shared", clock=TrioClock(START_US))
+    events = RecordingInstrumentation()
+    runner = Runner(store, executor=ScriptedExecutor(script), instrumentation=events)
+    async with store, runner:
+        arguments: dict[str, Any] = {"n": [1, 2]}
+        work = Work(
+            idempotency_key="t1", type="tools/call", input={"name": "x", "arguments": arguments}
+        )
+        created = await create_raw(store, runner, "t1", work=work)
+        arguments["n"].append(3)
+        work.input["name"] = "changed by the caller"
+        assert created.work is not None
+        created.work.input["arguments"]["n"].clear()
+        await done.wait()
+        (stop,) = await wait_stops(events, "t1")
+        assert stop["outcome"] == "completed"
+        kept[0]["content"].clear()
+        kept[0]["isError"] = True
+        stored = await raw_snapshot(store, "t1")
+        assert isinstance(stored, Snapshot)
+        assert stored.task.status.value == "completed"
+        assert stored.task.result == {"content": [{"type": "text", "text": "ok"}], "isError": False}
+        assert stored.work is not None
+        assert stored.work.input == {"name": "x", "arguments": {"n": [1, 2]}}

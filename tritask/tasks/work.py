@@ -162,11 +162,15 @@ def clone_json(value: _T) -> _T:
     out an owned value, never on anything that came from outside."""
     kind = type(value)
     if kind is dict:
+        if not value:
+            return {}  # type: ignore[return-value]  # (an empty field: no comprehension to run)
         return {  # type: ignore[return-value]
             key: clone_json(item) if type(item) in _CONTAINERS else item
             for key, item in value.items()  # type: ignore[attr-defined]
         }
     if kind is list:
+        if not value:
+            return []  # type: ignore[return-value]
         return [  # type: ignore[return-value]
             clone_json(item) if type(item) in _CONTAINERS else item
             for item in value  # type: ignore[attr-defined]
