@@ -273,7 +273,8 @@ async def test_one_trace_from_the_clients_context_through_create_attempt_and_set
     # The work carries the creation's context, and the client's tracestate with it.
     work = await work_of(store, task_id)
     assert work.trace_context == TraceContext(f"00-{CLIENT_TRACE}-{ids(create)[1]}-01", "vendor=v1")
-    assert work.to_json()["version"] == 3
+    assert work.to_json()["version"] == 5  # with the client's declaration (Work.origin)
+    assert work.to_json()["traceContext"] == work.trace_context.to_json()
 
     assert telemetry.points("tritask.task.created") == [
         ({"tritask.tool.name": "work", "tritask.outcome": "created"}, 1)

@@ -47,6 +47,7 @@ from tritask.tasks.work import (
     MAX_DELAY_MS,
     CodecError,
     InvalidJSON,
+    Origin,
     RetryPolicy,
     TraceContext,
     Work,
@@ -83,21 +84,31 @@ policies = st.lists(st.integers(0, MAX_DELAY_MS), max_size=4).map(RetryPolicy)
 traces = st.sampled_from(
     [None, TraceContext("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "a=1")]
 )
+origins = st.builds(
+    lambda version, caps, info: Origin(
+        protocol_version=version, client_capabilities=caps, client_info=info
+    ),
+    names,
+    json_objects,
+    st.none() | json_objects,
+)
 works = st.builds(
-    lambda key, kind, data, policy, trace, tool: Work(
+    lambda key, kind, data, policy, trace, tool, origin: Work(
         idempotency_key=key,
         type=kind,
         input=data,
         retry_policy=policy,
         trace_context=trace,
         tool=tool,
+        origin=origin,
     ),
     names,
     names,
     json_objects,
     policies,
     traces,
-    st.none() | names,  # versions 2, 3 and 4
+    st.none() | names,
+    st.none() | origins,  # versions 2 to 5
 )
 event_ids = st.none() | names
 input_keys = st.sampled_from(["a", "b", "c"])
@@ -396,6 +407,7 @@ def test_work_tool_call_exact_json() -> None:
         ({"retry_policy": [1, 2]}, TypeError),
         ({"tool": ""}, ValueError),
         ({"tool": 1}, ValueError),
+        ({"origin": {"protocolVersion": "2026-07-28"}}, TypeError),
     ],
 )
 def test_work_refuses_invalid(changes: dict[str, Any], error: type[Exception]) -> None:
@@ -424,8 +436,35 @@ def test_work_round_trip(work: Work) -> None:
 @given(st.data())
 def test_work_mutations_refused(data: st.DataObject) -> None:
     doc = data.draw(works).to_json()
-    nested = ("retryPolicy", "traceContext")
+    nested = ("retryPolicy", "traceContext", "origin")
     check_refused(Work.from_json, data.draw(mutated(doc, nested)), CodecError)
+
+
+@DESCRIPTOR
+@pytest.mark.parametrize(
+    ("changes", "error"),
+    [
+        ({"protocol_version": ""}, ValueError),
+        ({"client_capabilities": None}, InvalidJSON),
+        ({"client_capabilities": {"x": float("nan")}}, InvalidJSON),
+        ({"client_info": ["not", "an", "object"]}, InvalidJSON),
+    ],
+)
+def test_origin_refuses_invalid(changes: dict[str, Any], error: type[Exception]) -> None:
+    fields: dict[str, Any] = {"protocol_version": "v", "client_capabilities": {}} | changes
+    with pytest.raises(error):
+        Origin(**fields)
+
+
+@DESCRIPTOR
+def test_origin_is_immutable_and_hands_out_copies() -> None:
+    caps: dict[str, Any] = {"elicitation": {"form": {}}}
+    origin = Origin(protocol_version="v", client_capabilities=caps, client_info={"name": "c"})
+    caps["sampling"] = {}
+    given = origin.client_capabilities
+    given["roots"] = {}
+    assert origin.client_capabilities == {"elicitation": {"form": {}}}
+    assert origin.size() == len('{"elicitation":{"form":{}}}') + len('{"name":"c"}')
 
 
 # -- Event --------------------------------------------------------------------------------------

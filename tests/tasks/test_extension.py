@@ -854,15 +854,23 @@ async def test_worker_gets_a_detached_context(
     proceed.set()
     detail = await env.wait_status(task_id, "completed")
     assert detail["result"]["content"] == [{"type": "text", "text": "probed"}]
-    # The durable work is the tool call only: no principal, metadata or request identity.
+    # The durable work is the tool call and what the client declared (Work v5's origin, for
+    # a context rebuilt elsewhere): no principal, no other metadata, no request identity.
     work = (await env.snapshot(task_id)).work
     assert work is not None
     assert work.to_json() == {
-        "version": 2,
+        "version": 5,
         "idempotencyKey": task_id,
         "type": "tools/call",
         "input": {"name": "probe", "arguments": {"secret": "s3cr3t-argument"}},
         "retryPolicy": {"version": 1, "delaysMs": []},
+        "traceContext": None,
+        "tool": None,
+        "origin": {
+            "protocolVersion": "2026-07-28",
+            "clientCapabilities": caps,
+            "clientInfo": client_info,
+        },
     }
 
 

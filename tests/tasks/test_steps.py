@@ -808,8 +808,9 @@ async def test_suspended_tasks_keep_at_most_max_queued_contexts_request_contexts
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     """A suspended task holds no runner memory beyond a bounded number of request contexts:
-    the first two suspended here resume with theirs (the client's capabilities), the others
-    with a context rebuilt from their work, as on another host; none is kept once all end."""
+    the first two suspended here resume with theirs (the principal), the others with a context
+    rebuilt from their work, as on another host (the client's capabilities, persisted with the
+    work, but no principal: default work does not persist it); none is kept once all end."""
     env = await start_env(
         nursery,
         task_support={"ask": "optional"},
@@ -819,12 +820,12 @@ async def test_suspended_tasks_keep_at_most_max_queued_contexts_request_contexts
     @env.app.tool(name="ask", description="Ask, then say whether the request's context is kept")
     async def ask(ctx: Context, n: int) -> str:
         await ctx.await_input("ok", elicitation("Ok?", {"type": "object"}))
-        return f"{n} {ctx.has_capability('elicitation')}"
+        return f"{n} {ctx.has_capability('elicitation')} {ctx.principal}"
 
     caps: dict[str, Any] = {"extensions": {"io.modelcontextprotocol/tasks": {}}, "elicitation": {}}
     ids = []
     for n in range(4):
-        ids.append(await env.create("ask", {"n": n}, caps=caps))
+        ids.append(await env.create("ask", {"n": n}, caps=caps, principal="alice"))
         await env.wait_status(ids[-1], "input_required", caps=caps)
         await trio.sleep(1.5)  # suspended, in this order
         await wait_stops(env.events, ids[-1])
@@ -837,7 +838,7 @@ async def test_suspended_tasks_keep_at_most_max_queued_contexts_request_contexts
         )
         detail = await env.wait_status(task_id, "completed", caps=caps)
         texts.append(detail["result"]["content"][0]["text"])
-    assert texts == ["0 True", "1 True", "2 False", "3 False"]
+    assert texts == ["0 True alice", "1 True alice", "2 True None", "3 True None"]
     assert env.runner._contexts == {}
 
 

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tritask.tasks.model import initial_snapshot, new_task, snapshot_from_json, snapshot_to_json
-from tritask.tasks.work import CodecError, RetryPolicy, TraceContext, Work
+from tritask.tasks.work import CodecError, Origin, RetryPolicy, TraceContext, Work
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 SPAN = "00f067aa0ba902b7"
@@ -29,6 +29,42 @@ V2 = {
     "input": {"name": "echo", "arguments": {"text": "hi"}},
     "retryPolicy": {"version": 1, "delaysMs": [1000]},
 }
+
+
+V4 = {**V2, "version": 4, "traceContext": None, "tool": "echo"}
+ORIGIN: dict[str, Any] = {
+    "protocolVersion": "2026-07-28",
+    "clientCapabilities": {},
+    "clientInfo": None,
+}
+
+
+def test_work_with_an_origin_is_version_5_with_or_without_tool_and_context() -> None:
+    origin = Origin(protocol_version="2026-07-28", client_capabilities={"sampling": {}})
+    plain = Work.tool_call("task-1", "echo", {"text": "hi"}, RetryPolicy([1000]))
+    for tool, trace in ((None, None), ("echo", TraceContext(PARENT, "a=1"))):
+        work = Work(
+            idempotency_key="task-1",
+            type="tools/call",
+            input=plain.input,
+            retry_policy=plain.retry_policy,
+            trace_context=trace,
+            tool=tool,
+            origin=origin,
+        )
+        doc = work.to_json()
+        assert doc == {
+            **V2,
+            "version": 5,
+            "traceContext": None if trace is None else trace.to_json(),
+            "tool": tool,
+            "origin": {
+                "protocolVersion": "2026-07-28",
+                "clientCapabilities": {"sampling": {}},
+                "clientInfo": None,
+            },
+        }
+        assert Work.from_json(json.loads(json.dumps(doc))) == work
 
 
 def test_a_context_reads_its_ids() -> None:
@@ -133,7 +169,15 @@ def test_work_without_a_context_stays_version_2() -> None:
         ),
         ({**V2, "version": 3, "traceContext": None, "tool": "echo"}, "unexpected keys"),
         ({**V2, "tool": "echo"}, "unexpected keys"),
-        ({**V2, "version": 5}, "unsupported work version 5"),
+        ({**V2, "version": 6}, "unsupported work version 6"),
+        ({**V4, "version": 5}, "missing keys ['origin']"),
+        ({**V4, "version": 5, "origin": None}, "origin must be a JSON object"),
+        ({**V4, "version": 5, "origin": ORIGIN, "tool": ""}, "needs its tool"),
+        ({**V4, "version": 5, "origin": {**ORIGIN, "principal": "alice"}}, "unexpected keys"),
+        ({**V4, "version": 5, "origin": {**ORIGIN, "clientInfo": []}}, "clientInfo"),
+        ({**V4, "version": 5, "origin": {**ORIGIN, "clientCapabilities": None}}, "invalid origin"),
+        ({**V4, "version": 5, "origin": {**ORIGIN, "protocolVersion": ""}}, "invalid origin"),
+        ({**V4, "origin": ORIGIN}, "unexpected keys"),
         ({**V2, "version": True}, "unsupported work version True"),
         ("work", "unsupported work version None"),
     ],

@@ -18,6 +18,7 @@ import pytest
 import trio
 import trio.testing
 from helpers import (
+    TASKS_CAPS,
     TEST_STATE_KEY,
     ScriptedExecutor,
     all_strings,
@@ -38,7 +39,7 @@ from tritask.tasks.extension import Tasks
 from tritask.tasks.instrumentation import RecordingInstrumentation
 from tritask.tasks.model import Snapshot, snapshot_to_json
 from tritask.tasks.runner import Runner
-from tritask.tasks.store import Action
+from tritask.tasks.store import Action, TaskQuery
 from tritask.tasks.work import RetryPolicy, Work, canonical_json
 
 pytestmark = pytest.mark.contract("tasks-work-descriptor")
@@ -112,11 +113,18 @@ async def test_default_work_is_the_tool_call_keyed_by_the_task_id_and_every_clai
     persisted = (await env.snapshot(task_id)).work
     assert persisted is not None
     assert persisted.to_json() == {
-        "version": 2,
+        "version": 5,
         "idempotencyKey": task_id,
         "type": "tools/call",
         "input": {"name": "echo", "arguments": {"text": "hi", "n": 3}},
         "retryPolicy": {"version": 1, "delaysMs": [5_000]},
+        "traceContext": None,
+        "tool": None,
+        "origin": {
+            "protocolVersion": "2026-07-28",
+            "clientCapabilities": TASKS_CAPS,
+            "clientInfo": None,
+        },
     }
 
     recovering = Runner(
@@ -363,3 +371,96 @@ async def test_refused_creations_store_nothing_and_the_input_limit_is_exact_to_t
     conn.close()
     assert stored == ["task-5", "task-6"]  # the four refused ids were never written
     assert sorted(ledger) == ["task-5", "task-6"]
+
+
+# -- what the client declared: persisted with default work (Work v5's origin) -------------------
+
+
+@pytest.mark.parametrize("persist_origin", [True, False])
+async def test_a_resumed_attempt_sees_the_client_as_the_creating_request_declared_it(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock, persist_origin: bool
+) -> None:
+    """An attempt recovered by another runner (its context rebuilt from the work, as on another
+    host) sees the protocol version, client capabilities and client info the first attempt got
+    from the request; the principal and ``ctx.auth`` stay the request's (not persisted). With
+    ``persist_origin=False`` (a rolling upgrade) the work is version 2, as earlier releases
+    wrote it, and the rebuilt context knows nothing of the client."""
+    env = await start_env(
+        nursery,
+        task_support={"probe": "required"},
+        tasks_options={"persist_origin": persist_origin},
+    )
+    seen: list[Context] = []
+
+    @env.app.tool()
+    async def probe(ctx: Context) -> str:
+        """The first attempt is stopped; the recovered one finishes."""
+        seen.append(ctx)
+        if len(seen) == 1:
+            await trio.sleep_forever()
+        return "done"
+
+    caps: dict[str, JSONValue] = {**TASKS_CAPS, "elicitation": {"form": {}}, "sampling": {}}
+    info: dict[str, JSONValue] = {"name": "client", "version": "9"}
+    task_id = await env.create(
+        "probe",
+        caps=caps,
+        principal={"user": "alice"},
+        meta_extra={"io.modelcontextprotocol/clientInfo": info},
+    )
+    await trio.sleep(1)
+    env.runner.stop()
+    await env.runner.wait_stopped()
+    recovering = Runner(env.memory, recover=True, reap_interval_ms=None, instrumentation=env.events)
+    env.tasks.runner = recovering  # wires the app's ToolCallExecutor
+    await nursery.start(recovering.run)
+    await env.wait_status(task_id, "completed")
+    first, resumed = seen
+    assert [md["source"] for _, md in env.named(ins.JOB_START)] == ["request", "recovery"]
+    if not persist_origin:
+        work = (await env.snapshot(task_id)).work
+        assert work is not None and work.to_json()["version"] == 2
+        assert (first.client_capabilities, resumed.client_capabilities) == (caps, {})
+        assert resumed.client_info is None
+        recovering.stop()
+        return
+    for ctx in (first, resumed):
+        assert ctx.detached
+        assert (ctx.protocol_version, ctx.client_capabilities, ctx.client_info) == (
+            "2026-07-28",
+            caps,
+            info,
+        )
+        assert ctx.has_capability("elicitation") and ctx.has_capability("sampling")
+    assert (first.principal, resumed.principal) == ({"user": "alice"}, None)
+    assert resumed.auth is None
+    # The rebuilt context owns its copy: changing it changes nothing stored.
+    resumed.meta.client_capabilities["roots"] = {}
+    work = (await env.snapshot(task_id)).work
+    assert work is not None and work.origin is not None
+    assert work.origin.client_capabilities == caps
+    recovering.stop()
+
+
+async def test_what_the_client_declared_counts_against_the_work_input_limit(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The persisted declaration comes from the client, so it is bounded with the input: the
+    input ``{"arguments":{},"name":"echo"}`` (30 bytes), the capabilities (51 bytes for the
+    extension alone) and the client info (``null``, 4 bytes) make 85 bytes."""
+    env = await start_env(
+        nursery, task_support={"echo": "required"}, tasks_options={"max_work_input_bytes": 85}
+    )
+
+    @env.app.tool()
+    async def echo() -> str:
+        """Returns."""
+        return "echoed"
+
+    at_the_limit = await env.create("echo")
+    await env.wait_status(at_the_limit, "completed")
+    larger = {**TASKS_CAPS, "experimental": {}}  # 18 bytes more
+    error = await env.error("tools/call", {"name": "echo", "arguments": {}}, caps=larger)
+    assert error == {"code": -32602, "message": "Task input is larger than 85 bytes"}
+    listing = await env.memory.list_tasks(TaskQuery())
+    assert [task.task_id for task in listing.tasks] == [at_the_limit]

@@ -70,7 +70,7 @@ from tritask.tasks.store import (
     work_tool,
 )
 from tritask.tasks.stores import open_store
-from tritask.tasks.work import RetryPolicy, Work, canonical_json, canonical_text
+from tritask.tasks.work import Origin, RetryPolicy, Work, canonical_json, canonical_text
 
 log = logging.getLogger("tritask.tasks")
 
@@ -291,11 +291,24 @@ class ToolCallExecutor:
         return Completed(result)
 
     def _recovered_context(self, work: Work, token: ExecutionToken) -> Context:
-        """A detached context rebuilt from the persisted work alone (after a restart)."""
+        """A detached context rebuilt from the persisted work alone (after a restart, on
+        another host, beyond ``max_queued_contexts``): the client as the creating request
+        declared it when the work has its :class:`~tritask.tasks.work.Origin` (default work),
+        the principal a ``work_builder`` projected into the input if any, never ``ctx.auth``
+        (docs/security.md says why)."""
+        origin = work.origin
+        if origin is None:
+            meta = RequestMeta(protocol_version=LATEST_VERSION, client_capabilities={})
+        else:
+            meta = RequestMeta(
+                protocol_version=origin.protocol_version,
+                client_capabilities=origin.client_capabilities,
+                client_info=origin.client_info,
+            )
         return Context(
             app=self.app,
             method="tools/call",
-            meta=RequestMeta(protocol_version=LATEST_VERSION, client_capabilities={}),
+            meta=meta,
             principal=work.input.get("principal"),
             transport="task",
             extensions={EXTENSION_ID: {}},
@@ -303,6 +316,18 @@ class ToolCallExecutor:
             task_id=token.task_id,
             idempotency_key=token.idempotency_key,
         )
+
+
+def _origin(ctx: Context) -> Origin:
+    """What the creating request's client declared, which default work persists so that a
+    resumed attempt sees the client as a request made here would. Never ``ctx.auth`` nor the
+    principal (docs/security.md); a ``work_builder`` decides alone what its work keeps."""
+    meta = ctx.meta
+    return Origin(
+        protocol_version=meta.protocol_version,
+        client_capabilities=meta.client_capabilities,
+        client_info=meta.client_info,
+    )
 
 
 class Tasks(Extension):
@@ -332,6 +357,7 @@ class Tasks(Extension):
         runner_options: Mapping[str, Any] | None = None,
         concurrency: Mapping[str, ConcurrencyLimit] | None = None,
         retry_after_s: int = 1,
+        persist_origin: bool = True,
     ) -> None:
         if ttl_ms is not None and ttl_ms <= 0:
             raise ValueError("ttl_ms must be a positive integer or None (never expires)")
@@ -346,6 +372,12 @@ class Tasks(Extension):
         if type(retry_after_s) is not int or retry_after_s < 0:
             raise ValueError("retry_after_s must be an int >= 0 (seconds)")
         self.retry_after_s = retry_after_s
+        if not isinstance(persist_origin, bool):
+            raise TypeError("persist_origin must be a bool")
+        # Default work keeps what the client declared (Work v5's origin) for a context rebuilt
+        # elsewhere; False writes the work of earlier releases (version 2), which hosts of a
+        # release before Work v5 can read: a rolling upgrade turns it on once all are upgraded.
+        self.persist_origin = persist_origin
         self._store = store
         self._runner: Runner | None = None
         self._unwire: Callable[[], None] | None = None
@@ -772,12 +804,16 @@ class Tasks(Extension):
                 work = attrs.evolve(work, retry_policy=retry_policy)
         else:
             work = Work.tool_call(task_id, call.tool.name, dict(call.arguments), retry_policy)
+            if self.persist_origin:
+                work = revise(work, origin=_origin(ctx))
         if work.idempotency_key != task_id:
             raise InternalError("Task work idempotency key must match its task id")
         if self.max_work_input_bytes is not None:
             # Work.tool_call has just checked and copied the input: no second check needed.
             text = canonical_json(work.input) if built else canonical_text(work.input)
             size = len(text.encode("utf-8"))
+            if work.origin is not None:
+                size += work.origin.size()
             if size > self.max_work_input_bytes:
                 raise InvalidParams(f"Task input is larger than {self.max_work_input_bytes} bytes")
         ttl = self.ttl_ms if isinstance(options.ttl_ms, _Default) else options.ttl_ms

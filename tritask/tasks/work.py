@@ -1,5 +1,5 @@
-"""The durable work descriptor (``Work`` v2/v3/v4), its ``RetryPolicy`` (v1), the W3C
-``TraceContext`` it may carry, and the JSON guards.
+"""The durable work descriptor (``Work`` v2 to v5), its ``RetryPolicy`` (v1), the W3C
+``TraceContext`` and the creating request's ``Origin`` it may carry, and the JSON guards.
 
 Work is what a runner re-executes after recovery, so it holds only JSON and is persisted whole;
 the expanded retry delays travel with it so a configuration change never affects work in flight.
@@ -26,6 +26,7 @@ __all__ = [
     "CodecError",
     "InvalidJSON",
     "JSONObject",
+    "Origin",
     "RetryPolicy",
     "TraceContext",
     "Work",
@@ -422,10 +423,83 @@ def _is_tool(_inst: object, _attr: object, value: Any) -> None:
         raise ValueError("tool must be a non-empty string or None")
 
 
+def _capabilities_text(value: object) -> str:
+    if not isinstance(value, dict):
+        raise InvalidJSON("client capabilities must be a JSON object")
+    return canonical_json(value)
+
+
+def _client_info_text(value: object) -> str:
+    if value is not None and not isinstance(value, dict):
+        raise InvalidJSON("client info must be a JSON object or None")
+    return canonical_json(value)
+
+
+@attrs.frozen(kw_only=True)
+class Origin:
+    """What the client that created a task declared in its request: the protocol version, its
+    capabilities and client info, none of them secret. The extension persists it with default
+    work, so an attempt resumed anywhere (after a restart, on another host, beyond
+    ``max_queued_contexts``) sees the client as a request made here would. Neither
+    ``ctx.auth`` nor the principal is part of it (docs/security.md: a persisted token would
+    outlive its expiry and its revocation, and a principal is the application's value, which
+    may carry credentials; a ``work_builder`` projects what of it to keep). The JSON is kept as
+    canonical text, so the value is immutable and each read is a copy of its own."""
+
+    protocol_version: str = attrs.field(validator=_non_empty_str("protocol_version"))
+    capabilities_text: str = attrs.field(converter=_capabilities_text, alias="client_capabilities")
+    client_info_text: str = attrs.field(
+        default=None, converter=_client_info_text, alias="client_info"
+    )
+
+    @property
+    def client_capabilities(self) -> JSONObject:
+        value: JSONObject = json.loads(self.capabilities_text)
+        return value
+
+    @property
+    def client_info(self) -> JSONObject | None:
+        value: JSONObject | None = json.loads(self.client_info_text)
+        return value
+
+    def size(self) -> int:
+        """Its JSON's size in UTF-8 bytes (it counts against ``max_work_input_bytes``)."""
+        texts = (self.capabilities_text, self.client_info_text)
+        return sum(len(text.encode("utf-8")) for text in texts)
+
+    def to_json(self) -> JSONObject:
+        return {
+            "protocolVersion": self.protocol_version,
+            "clientCapabilities": self.client_capabilities,
+            "clientInfo": self.client_info,
+        }
+
+    @classmethod
+    def from_json(cls, doc: object) -> Origin:
+        fields = expect_keys(doc, ("protocolVersion", "clientCapabilities", "clientInfo"), "origin")
+        info = fields["clientInfo"]
+        if info is not None and not isinstance(info, dict):
+            raise CodecError("origin clientInfo must be an object or null")
+        try:
+            return cls(
+                protocol_version=fields["protocolVersion"],
+                client_capabilities=fields["clientCapabilities"],
+                client_info=info,
+            )
+        except (TypeError, ValueError) as exc:
+            raise CodecError(f"invalid origin: {exc}") from exc
+
+
+def _is_origin(_inst: object, _attr: object, value: Any) -> None:
+    if value is not None and not isinstance(value, Origin):
+        raise TypeError("origin must be an Origin or None")
+
+
 _WORK_V2_KEYS: Final = ("version", "idempotencyKey", "type", "input", "retryPolicy")
 _WORK_V3_KEYS: Final = (*_WORK_V2_KEYS, "traceContext")
 _WORK_V4_KEYS: Final = (*_WORK_V3_KEYS, "tool")
-_WORK_KEYS: Final = {2: _WORK_V2_KEYS, 3: _WORK_V3_KEYS, 4: _WORK_V4_KEYS}
+_WORK_V5_KEYS: Final = (*_WORK_V4_KEYS, "origin")
+_WORK_KEYS: Final = {2: _WORK_V2_KEYS, 3: _WORK_V3_KEYS, 4: _WORK_V4_KEYS, 5: _WORK_V5_KEYS}
 
 
 @attrs.frozen(kw_only=True)
@@ -440,9 +514,13 @@ class Work:
     it; the default descriptor names its tool in its input): what a later request on the task
     must be authorized for (the tool's ``required_scopes``) must not depend on the builder.
 
-    Codec: version 2 without a trace context or tool (so records written before they existed
-    and records without them are the same bytes), version 3 with a trace context, version 4
-    with a tool (and a trace context or ``null``); every version decodes, each strictly.
+    ``origin`` is what the creating request's client declared (:class:`Origin`), which the
+    extension persists with default work.
+
+    Codec: version 2 without a trace context, tool or origin (so records written before they
+    existed and records without them are the same bytes), version 3 with a trace context,
+    version 4 with a tool (and a trace context or ``null``), version 5 with an origin (and a
+    trace context and a tool, each or ``null``); every version decodes, each strictly.
     """
 
     idempotency_key: str = attrs.field(validator=_non_empty_str("idempotency_key"))
@@ -451,6 +529,7 @@ class Work:
     retry_policy: RetryPolicy = attrs.field(factory=RetryPolicy.none, validator=_is_policy)
     trace_context: TraceContext | None = attrs.field(default=None, validator=_is_trace)
     tool: str | None = attrs.field(default=None, validator=_is_tool)
+    origin: Origin | None = attrs.field(default=None, validator=_is_origin)
 
     @classmethod
     def tool_call(
@@ -477,7 +556,12 @@ class Work:
             "retryPolicy": self.retry_policy.to_json(),
         }
         trace = self.trace_context
-        if self.tool is not None:
+        if self.origin is not None:
+            doc["version"] = 5
+            doc["traceContext"] = None if trace is None else trace.to_json()
+            doc["tool"] = self.tool
+            doc["origin"] = self.origin.to_json()
+        elif self.tool is not None:
             doc["version"] = 4
             doc["traceContext"] = None if trace is None else trace.to_json()
             doc["tool"] = self.tool
@@ -490,18 +574,19 @@ class Work:
     def from_json(cls, doc: object) -> Work:
         version = doc.get("version") if isinstance(doc, dict) else None
         if not _is_int(version) or version not in _WORK_KEYS:
-            raise CodecError(f"unsupported work version {version!r} (expected 2, 3 or 4)")
+            raise CodecError(f"unsupported work version {version!r} (expected 2 to 5)")
         fields = expect_keys(doc, _WORK_KEYS[version], "work")
         policy = RetryPolicy.from_json(fields["retryPolicy"])
         trace = None
-        if version == 3 or (version == 4 and fields["traceContext"] is not None):
+        if version == 3 or (version >= 4 and fields["traceContext"] is not None):
             trace = TraceContext.from_json(fields["traceContext"])
         tool = None
-        if version == 4:
+        if version == 4 or (version == 5 and fields["tool"] is not None):
             # Version 4 exists for the tool: without one the work is written as 2 or 3.
             tool = fields["tool"]
             if not isinstance(tool, str) or not tool:
-                raise CodecError("work version 4 needs its tool (a non-empty string)")
+                raise CodecError(f"work version {version} needs its tool (a non-empty string)")
+        origin = Origin.from_json(fields["origin"]) if version == 5 else None
         try:
             return cls(
                 idempotency_key=fields["idempotencyKey"],
@@ -510,6 +595,7 @@ class Work:
                 retry_policy=policy,
                 trace_context=trace,
                 tool=tool,
+                origin=origin,
             )
         except (TypeError, ValueError) as exc:
             raise CodecError(f"invalid work: {exc}") from exc
