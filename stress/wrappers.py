@@ -3,20 +3,23 @@
 They wrap any :class:`~tritask.tasks.store.Store` through the protocol only, so the same
 workloads run unchanged on the memory, SQLite and PostgreSQL stores.
 
-The optional capabilities runners detect on the store's *class* (``settle``,
-``create_claimed_stamped``, ``renew_all``, ``renew_owner``, ``submit``, ``listen_queue``) are
-offered by a wrapper exactly when its inner store offers them: constructing a wrapper picks (and
-caches) a subclass of it with those methods mixed in. A wrapper changes what they do by
-overriding the hooks ``_settle``, ``_create_claimed_stamped``, ``_renew_all``, ``_renew_owner``
-and ``_submit``, never the public names (that would offer them unconditionally); one that must
-not offer ``renew_all`` or ``renew_owner`` (its ``renew`` models something a batch would
-bypass) sets ``batch_renewal = False``.
+Every optional capability of :mod:`tritask.tasks.store` (``create_claimed``, ``wakeups``,
+``changes``, ``settle``, ``create_claimed_stamped``, ``submit``, ``listen_queue``, the operator
+listing, ``renew_all``, ``renew_owner``) is offered by a wrapper exactly when its inner store's
+class offers it: constructing a wrapper picks (and caches) a subclass of it with those methods
+mixed in. So a wrapped store is detected as what it wraps, and a benchmark measures what a
+user's server runs (before, a wrapper offered no ``changes()``, and the bench's runner ran
+without the store's change feed). A wrapper changes what they do by overriding the hooks
+(``_create_claimed``, ``_wakeups``, ``_changes``, ``_settle``, ``_create_claimed_stamped``,
+``_renew_all``, ``_renew_owner``, ``_submit``), never the public names (that would offer them
+unconditionally); one that must not offer ``renew_all`` or ``renew_owner`` (its ``renew``
+models something a batch would bypass) sets ``batch_renewal = False``.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from types import TracebackType
 from typing import Any, ClassVar, Self, cast
 
@@ -31,16 +34,23 @@ from tritask.tasks.store import (
     Claimed,
     Concurrency,
     Conflict,
+    CreatesClaimed,
     Deferred,
     Lease,
     LeaseLost,
     NotFound,
+    OffersWakeups,
     OwnerRenewal,
     Renewed,
     Store,
+    TaskInspection,
+    TaskListing,
+    TaskQuery,
     Transition,
     Unavailable,
     WorkerAuthority,
+    lists_tasks,
+    offers_changes,
     queues,
     renews_leases,
     renews_owner_lease,
@@ -50,7 +60,42 @@ from tritask.tasks.store import (
 )
 from tritask.tasks.work import Work
 
-__all__ = ["FAULTS", "ConflictRetryingStore", "CountingStore", "PartitionedStore", "StoreProxy"]
+__all__ = [
+    "CAPABILITIES",
+    "FAULTS",
+    "ConflictRetryingStore",
+    "CountingStore",
+    "PartitionedStore",
+    "StoreProxy",
+    "capabilities",
+]
+
+
+def _class_offers(store: object, name: str) -> bool:
+    return callable(getattr(type(store), name, None))
+
+
+class _CreatingClaimed:
+    """Mixed into a wrapper whose inner store offers ``create_claimed``."""
+
+    async def create_claimed(
+        self, task: Task, work: Work, access: Access, owner_id: str, lease_ms: int
+    ) -> Claimed:
+        return await cast(StoreProxy, self)._create_claimed(task, work, access, owner_id, lease_ms)
+
+
+class _Waking:
+    """Mixed into a wrapper whose inner store offers ``wakeups`` (``OffersWakeups``)."""
+
+    def wakeups(self) -> AsyncGenerator[Any, None]:
+        return cast(StoreProxy, self)._wakeups()
+
+
+class _Announcing:
+    """Mixed into a wrapper whose inner store offers ``changes`` (``OffersChanges``)."""
+
+    def changes(self) -> AsyncGenerator[Any, None]:
+        return cast(StoreProxy, self)._changes()
 
 
 class _Settling:
@@ -122,39 +167,80 @@ class _SignallingQueue:
         return inner.listen_queue(callback)
 
 
+class _ListingTasks:
+    """Mixed into a wrapper whose inner store offers the operator listing (``ListsTasks``)."""
+
+    async def list_tasks(self, query: TaskQuery) -> TaskListing:
+        inner = cast(StoreProxy, self).inner
+        assert lists_tasks(inner)
+        return await inner.list_tasks(query)
+
+    async def inspect_task(self, task_id: str) -> TaskInspection | NotFound:
+        inner = cast(StoreProxy, self).inner
+        assert lists_tasks(inner)
+        return await inner.inspect_task(task_id)
+
+    async def operator_access(self, task_id: str, action: Action) -> Access | NotFound:
+        inner = cast(StoreProxy, self).inner
+        assert lists_tasks(inner)
+        return await inner.operator_access(task_id, action)
+
+
+CAPABILITIES: dict[str, Callable[[object], bool]] = {
+    "CreatesClaimed": lambda store: _class_offers(store, "create_claimed"),
+    "OffersWakeups": lambda store: _class_offers(store, "wakeups"),
+    "OffersChanges": offers_changes,
+    "Settles": settles,
+    "StampsCreation": stamps_creation,
+    "Queues": queues,
+    "SignalsQueue": signals_queue,
+    "ListsTasks": lists_tasks,
+    "RenewsLeases": renews_leases,
+    "RenewsOwnerLease": renews_owner_lease,
+}
+"""Each optional capability of :mod:`tritask.tasks.store`, detected on the store's class."""
+
+_MIXINS: dict[str, type] = {
+    "CreatesClaimed": _CreatingClaimed,
+    "OffersWakeups": _Waking,
+    "OffersChanges": _Announcing,
+    "Settles": _Settling,
+    "StampsCreation": _StampingCreation,
+    "Queues": _Queueing,
+    "SignalsQueue": _SignallingQueue,
+    "ListsTasks": _ListingTasks,
+    "RenewsLeases": _RenewingAll,
+    "RenewsOwnerLease": _RenewingOwner,
+}
+
+_BATCH_RENEWAL = ("RenewsLeases", "RenewsOwnerLease")
+
+
+def capabilities(store: object) -> frozenset[str]:
+    """The optional capabilities ``store``'s class offers (names of :data:`CAPABILITIES`)."""
+    return frozenset(name for name, offers in CAPABILITIES.items() if offers(store))
+
+
 class StoreProxy:
     """Delegates every Store operation to ``inner`` (and any other attribute, e.g. ``history``).
 
-    ``settle``, ``create_claimed_stamped`` and ``renew_all`` are methods of the instance's class
-    only when ``inner``'s class offers them (see the module docstring).
+    Each optional capability is a method of the instance's class exactly when ``inner``'s
+    class offers it (see the module docstring).
     """
 
     batch_renewal: ClassVar[bool] = True
     """Whether the wrapper offers ``renew_all`` and ``renew_owner`` when its inner store does."""
 
-    _variants: ClassVar[dict[tuple[type, bool, bool, bool, bool, bool, bool], type]] = {}
+    _variants: ClassVar[dict[tuple[type, frozenset[str]], type]] = {}
 
     def __new__(cls, inner: Store, *args: Any, **kwargs: Any) -> Self:
-        settling, stamping = settles(inner), stamps_creation(inner)
-        renewing = cls.batch_renewal and renews_leases(inner)
-        owning = cls.batch_renewal and renews_owner_lease(inner)
-        queueing, signalling = queues(inner), signals_queue(inner)
-        key = (cls, settling, stamping, renewing, owning, queueing, signalling)
+        offered = capabilities(inner)
+        if not cls.batch_renewal:
+            offered -= frozenset(_BATCH_RENEWAL)
+        key = (cls, offered)
         variant = StoreProxy._variants.get(key)
         if variant is None:
-            mixins: tuple[type, ...] = ()
-            if settling:
-                mixins += (_Settling,)
-            if stamping:
-                mixins += (_StampingCreation,)
-            if renewing:
-                mixins += (_RenewingAll,)
-            if owning:
-                mixins += (_RenewingOwner,)
-            if queueing:
-                mixins += (_Queueing,)
-            if signalling:
-                mixins += (_SignallingQueue,)
+            mixins = tuple(mixin for name, mixin in _MIXINS.items() if name in offered)
             names = {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
             variant = type(cls.__name__, (*mixins, cls), names) if mixins else cls
             StoreProxy._variants[key] = variant
@@ -202,6 +288,28 @@ class StoreProxy:
         self, task_id: str, expected_revision: int, event: Event, authority: Authority
     ) -> Transition | Conflict | NotFound:
         return await self.inner.transition(task_id, expected_revision, event, authority)
+
+    async def _create_claimed(
+        self, task: Task, work: Work, access: Access, owner_id: str, lease_ms: int
+    ) -> Claimed:
+        """What ``create_claimed`` does (offered only when ``inner`` offers it)."""
+        inner = self.inner
+        assert isinstance(inner, CreatesClaimed)
+        return await inner.create_claimed(task, work, access, owner_id, lease_ms)
+
+    def _wakeups(self) -> AsyncGenerator[Any, None]:
+        """What ``wakeups`` does (offered only when ``inner`` offers it): ``inner``'s own
+        iterator, so iterating costs what it costs unwrapped."""
+        inner = self.inner
+        assert isinstance(inner, OffersWakeups)
+        return inner.wakeups()
+
+    def _changes(self) -> AsyncGenerator[Any, None]:
+        """What ``changes`` does (offered only when ``inner`` announces changes): ``inner``'s
+        own iterator, so iterating costs what it costs unwrapped."""
+        inner = self.inner
+        assert offers_changes(inner)
+        return inner.changes()
 
     async def _settle(
         self, task_id: str, expected_revision: int, event: Event, lease: Lease
@@ -372,23 +480,9 @@ class CountingStore(StoreProxy):
     ``settle`` when it answers a ``Transition``: it then released the claim, a write even when
     the event itself was ``unchanged`` or a ``duplicate``)."""
 
-    _FORWARDED_WRITES = ("create_claimed",)
-    """Optional writes reached through ``__getattr__`` (detected on the instance)."""
-
     @property
     def writes(self) -> int:
         return sum(self.calls[name] for name in (*self.WRITES, *self.OPTIONAL_WRITES))
-
-    def __getattr__(self, name: str) -> Any:
-        attribute = getattr(self.inner, name)
-        if name not in self._FORWARDED_WRITES:
-            return attribute
-
-        async def counted(*args: Any, **kwargs: Any) -> Any:
-            self.calls[name] += 1
-            return await attribute(*args, **kwargs)
-
-        return counted
 
     async def create(self, task: Task, work: Work, access: Access) -> Snapshot:
         self.calls["create"] += 1
@@ -478,3 +572,9 @@ class CountingStore(StoreProxy):
     ) -> Claimed:
         self.calls["create_claimed_stamped"] += 1
         return await super()._create_claimed_stamped(task, work, access, owner_id, lease_ms)
+
+    async def _create_claimed(
+        self, task: Task, work: Work, access: Access, owner_id: str, lease_ms: int
+    ) -> Claimed:
+        self.calls["create_claimed"] += 1
+        return await super()._create_claimed(task, work, access, owner_id, lease_ms)
