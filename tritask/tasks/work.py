@@ -423,16 +423,18 @@ def _is_tool(_inst: object, _attr: object, value: Any) -> None:
         raise ValueError("tool must be a non-empty string or None")
 
 
-def _capabilities_text(value: object) -> str:
+def _capabilities(value: object) -> JSONObject:
     if not isinstance(value, dict):
         raise InvalidJSON("client capabilities must be a JSON object")
-    return canonical_json(value)
+    return ensure_json_object(value, what="client capabilities")
 
 
-def _client_info_text(value: object) -> str:
-    if value is not None and not isinstance(value, dict):
+def _client_info(value: object) -> JSONObject | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
         raise InvalidJSON("client info must be a JSON object or None")
-    return canonical_json(value)
+    return ensure_json_object(value, what="client info")
 
 
 @attrs.frozen(kw_only=True)
@@ -443,28 +445,27 @@ class Origin:
     ``max_queued_contexts``) sees the client as a request made here would. Neither
     ``ctx.auth`` nor the principal is part of it (docs/security.md: a persisted token would
     outlive its expiry and its revocation, and a principal is the application's value, which
-    may carry credentials; a ``work_builder`` projects what of it to keep). The JSON is kept as
-    canonical text, so the value is immutable and each read is a copy of its own."""
+    may carry credentials; a ``work_builder`` projects what of it to keep). Its JSON is checked
+    and copied on the way in and never handed out: each read is a copy of its own, so the
+    value stays immutable."""
 
     protocol_version: str = attrs.field(validator=_non_empty_str("protocol_version"))
-    capabilities_text: str = attrs.field(converter=_capabilities_text, alias="client_capabilities")
-    client_info_text: str = attrs.field(
-        default=None, converter=_client_info_text, alias="client_info"
+    _capabilities: JSONObject = attrs.field(converter=_capabilities, alias="client_capabilities")
+    _client_info: JSONObject | None = attrs.field(
+        default=None, converter=_client_info, alias="client_info"
     )
 
     @property
     def client_capabilities(self) -> JSONObject:
-        value: JSONObject = json.loads(self.capabilities_text)
-        return value
+        return clone_json(self._capabilities)
 
     @property
     def client_info(self) -> JSONObject | None:
-        value: JSONObject | None = json.loads(self.client_info_text)
-        return value
+        return clone_json(self._client_info)
 
     def size(self) -> int:
         """Its JSON's size in UTF-8 bytes (it counts against ``max_work_input_bytes``)."""
-        texts = (self.capabilities_text, self.client_info_text)
+        texts = (canonical_text(self._capabilities), canonical_text(self._client_info))
         return sum(len(text.encode("utf-8")) for text in texts)
 
     def to_json(self) -> JSONObject:
