@@ -72,7 +72,10 @@ class Observer:
 async def _sweep_until(observer: Observer, server: ServeProcess, deadline: float) -> None:
     """Sweep through the current server (once it is ready) until every task is terminal or
     ``deadline``."""
-    await server.ready()
+    # Shielded: a window that ends while the server boots kills it once it is ready (see
+    # test_sigkill_steps.sweep_until for why).
+    with trio.CancelScope(shield=True):
+        await server.ready()
     transport = HttpTransport(server.url)
     client = Client(transport, capabilities={"elicitation": {}})
     try:
@@ -113,7 +116,7 @@ async def test_sigkill_at_random_points_loses_nothing(tmp_path: Path, max_jobs: 
         observer = Observer(modes)
         kills = 0
         while kills < KILLS:
-            # The window starts as the server boots: a kill can land before it is ready.
+            # The window starts as the server boots (see the sweep: it waits until ready).
             with trio.move_on_after(rng.uniform(0.3, 1.5)):
                 await _sweep_until(observer, server, trio.current_time() + 60)
             await server.akill()
