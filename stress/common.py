@@ -132,18 +132,27 @@ def seed_trio_scheduler(seed: int) -> None:
         rng.seed(seed)
 
 
-def open_stress_store(url: str, *, mock_clock: bool, **options: Any) -> Store:
-    """Open the store under test with a shared scope and no capacity limits.
+def open_stress_store(
+    url: str, *, mock_clock: bool, store_limits: bool = False, **options: Any
+) -> Store:
+    """Open the store under test with a shared scope and, unless ``store_limits``, no capacity
+    limits (``options`` may still set them).
 
-    The memory store follows trio's clock (``TrioClock``), so it is deterministic under
+    The stress workloads and the benchmarks that hold more tasks than the defaults allow
+    (``bench idle``, ``bench queue``) run without limits; ``bench tasks`` runs with the store's
+    defaults (``store_limits``), as a user's server does, so it measures the admission checks
+    too. The memory store follows trio's clock (``TrioClock``), so it is deterministic under
     ``MockClock``; other stores keep their own (database) clock.
     """
     options.setdefault("scope", "shared")
     if store_scheme(url) == "memory":
-        options.setdefault("max_tasks", None)
-        options.setdefault("max_active_tasks_per_scope", None)
+        if not store_limits:
+            options.setdefault("max_tasks", None)
+            options.setdefault("max_active_tasks_per_scope", None)
         if mock_clock:
             options.setdefault("clock", TrioClock(START_US))
+        return open_store(url, **options)
+    if store_limits:
         return open_store(url, **options)
     limits = {"max_tasks": None, "max_active_tasks_per_scope": None}
     try:

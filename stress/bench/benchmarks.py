@@ -346,6 +346,9 @@ class TasksParams:
     peer: str | None = None
     """bench tasks: interleaved rounds of (tritask, raw loop, tritask on the memory store, the
     peer); bench scale runs one each."""
+    unlimited: bool = False
+    """The servers' stores without limits; by default they have the store's defaults
+    (``max_tasks`` 10,000, ``max_active_tasks_per_scope`` 100), as a user's server has."""
 
 
 #: ``bench tasks`` targets (issue 15): a durable store against the raw per-task-commit loop and
@@ -400,6 +403,8 @@ def _median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 async def _tasks_run(params: TasksParams, url: str) -> dict[str, Any]:
     """Create ``tasks`` tasks over HTTP through ``processes`` servers; wait for all completed."""
     options = ["--store", url, "--sqlite-synchronous", params.sqlite_synchronous]
+    if params.unlimited:
+        options.append("--unlimited")
     if os.environ.get("TRITASK_BENCH_PROFILE"):
         options += ["--profile", os.environ["TRITASK_BENCH_PROFILE"]]
     async with _servers(params.processes, options) as servers:
@@ -521,7 +526,9 @@ async def _tasks_in_process(params: TasksParams, url: str) -> dict[str, Any]:
     from tritask.jsonrpc import Request
     from tritask.server.extension import ServeEnvironment
 
-    args = argparse.Namespace(store=url, sqlite_synchronous=params.sqlite_synchronous)
+    args = argparse.Namespace(
+        store=url, sqlite_synchronous=params.sqlite_synchronous, unlimited=params.unlimited
+    )
     options = store_options(args)
     bench = tasks_app(url, options, 4096)
     created: list[str] = []

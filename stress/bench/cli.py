@@ -70,6 +70,12 @@ def register_bench(commands: Any, common: Callable[[argparse.ArgumentParser], No
         parser.add_argument("--clients", type=_positive, default=16)
         parser.add_argument("--sqlite-synchronous", default="FULL", choices=["FULL", "NORMAL"])
         parser.add_argument("--pg-connections", type=_positive, default=4, help="raw loop")
+        parser.add_argument(
+            "--unlimited",
+            action="store_true",
+            help="the servers' stores without max_tasks and max_active_tasks_per_scope "
+            "(default: the store's defaults, 10,000 and 100, as a user's server)",
+        )
         if name == "scale":
             parser.add_argument("--processes", type=_positive, nargs="+", default=[1, 2, 4])
             parser.set_defaults(handler=_handle_scale)
@@ -240,6 +246,7 @@ def _tasks_params(args: argparse.Namespace, **extra: Any) -> Any:
         clients=args.clients,
         sqlite_synchronous=args.sqlite_synchronous,
         pg_connections=args.pg_connections,
+        unlimited=args.unlimited,
         **extra,
     )
 

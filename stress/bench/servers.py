@@ -242,7 +242,8 @@ def store_options(args: argparse.Namespace) -> dict[str, Any]:
 @attrs.frozen
 class TasksApp:
     """The benchmark's application: a task-required ``noop`` tool with a no-op executor, the
-    store wrapped in a write counter, and a ``bench_stats`` tool."""
+    store (with its default limits unless ``options`` turn them off, as ``--unlimited`` does)
+    wrapped in a write counter, and a ``bench_stats`` tool."""
 
     app: Any
     store: Any
@@ -257,7 +258,9 @@ def tasks_app(
     from tritask.server.app import App
     from tritask.tasks.extension import Tasks
 
-    store = CountingStore(open_stress_store(store_url, mock_clock=False, **options))
+    store = CountingStore(
+        open_stress_store(store_url, mock_clock=False, store_limits=True, **options)
+    )
     sink = _CountingSink()
     tasks = Tasks(
         store=store,
