@@ -687,6 +687,7 @@ async def test_a_body_after_a_hand_off_is_refused(nursery: trio.Nursery) -> None
     with trio.fail_after(5):
         await client.request("/stream")
         assert (await client.response())[1] == b"first end"
+        await source.closed.wait()  # the server closes it right after the last write
     assert len(errors) == 1
     assert source.closes == 1
     await client.aclose()
