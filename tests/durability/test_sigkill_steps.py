@@ -171,7 +171,32 @@ def check_log(log: Path, shapes: dict[str, str], killed: set[int]) -> Counter[st
     return tally
 
 
-async def check_ledgers(store: Any, shapes: dict[str, str]) -> None:
+def sleeps_cut_by_a_kill(log: Path, shapes: dict[str, str], killed: set[int]) -> set[str]:
+    """The sleep-shaped tasks whose durable sleep may have been scheduled by a process that was
+    then killed before it committed the suspension: the process that first got past the step
+    before the sleep is not the one that began the step after it, and it was killed. Another
+    process adopts such a task only once the dead one's lease lapsed (3 s), when the 0.8 s
+    sleep is already due, so it rightly goes on without suspending."""
+    middle = STEPS // 2
+    before, after = f"step/{middle - 1}", f"step/{middle}"
+    scheduler: dict[str, int] = {}
+    resumer: dict[str, int] = {}
+    for line in log.read_text().splitlines():
+        kind, task_id, key, pid = line.split()
+        if kind == "after" and key == before:
+            scheduler.setdefault(task_id, int(pid))
+        elif kind == "begin" and key == after:
+            resumer.setdefault(task_id, int(pid))
+    return {
+        task_id
+        for task_id, shape in shapes.items()
+        if shape == "sleep"
+        and scheduler[task_id] != resumer[task_id]
+        and scheduler[task_id] in killed
+    }
+
+
+async def check_ledgers(store: Any, shapes: dict[str, str], cut: set[str]) -> None:
     for task_id, shape in shapes.items():
         kinds = [entry.event.kind for entry in await store.history(task_id)]
         recorded = [
@@ -184,7 +209,8 @@ async def check_ledgers(store: Any, shapes: dict[str, str]) -> None:
         assert EventKind.RETRY_REQUESTED not in kinds, (task_id, kinds)
         if shape == "sleep":
             assert kinds.count(EventKind.SLEEP_SCHEDULED) == 1, (task_id, kinds)
-            assert EventKind.SUSPENDED in kinds, (task_id, kinds)  # 0.8 s > 200 ms: suspended
+            if task_id not in cut:  # 0.8 s > 200 ms: suspended
+                assert EventKind.SUSPENDED in kinds, (task_id, kinds)
         if shape == "input":
             assert kinds.count(EventKind.INPUT_REQUESTED) == 1, (task_id, kinds)
             assert kinds.count(EventKind.INPUT_RESPONSES_ACCEPTED) == 1, (task_id, kinds)
@@ -201,7 +227,7 @@ async def test_sigkilled_pipelines_of_steps_on_sqlite(tmp_path: Path) -> None:
     from tritask_sqlite import SqliteStore
 
     async with SqliteStore(db, scope="shared") as store:
-        await check_ledgers(store, shapes)
+        await check_ledgers(store, shapes, sleeps_cut_by_a_kill(log, shapes, killed))
 
 
 async def test_sigkilled_pipelines_of_steps_on_postgres(
@@ -219,4 +245,4 @@ async def test_sigkilled_pipelines_of_steps_on_postgres(
     from tritask_postgres import PostgresStore
 
     async with PostgresStore(pg_schemas.dsn, schema=schema, scope="shared") as store:
-        await check_ledgers(store, shapes)
+        await check_ledgers(store, shapes, sleeps_cut_by_a_kill(log, shapes, killed))
