@@ -405,7 +405,9 @@ class OwnerRenewal:
 
     ``expires_at`` is the owner lease's new expiry (the batch's one store instant plus
     ``lease_ms``): every lease of the batch not in ``lost`` now follows the owner lease and
-    expires at it. ``None`` when the batch renewed nothing (nothing follows the owner lease).
+    expires at it. ``None`` when the batch renewed nothing: then none of the batch's leases
+    follows the owner lease any more, but an empty batch commits nothing, so claims that
+    followed it before still do (and the caller keeps passing the expiry it had).
     ``lost`` are the indexes, ascending, of the batch's leases that were not renewed (what
     :data:`LEASE_LOST` says in a ``renew_all`` answer). ``changed`` are the indexes, ascending,
     of renewed leases whose task's revision is above the revision the caller gave for it: an
@@ -1039,6 +1041,8 @@ class RenewsOwnerLease(Protocol):
     answer's ``expires_at``). So the caller keeps the lease it holds and knows the exact live
     claim as that lease with ``expires_at`` set to the last answer's; it passes the held lease
     and that expiry (``following``; ``None`` when nothing of its follows) to the next batch.
+    The expiry to pass is the last one a batch that renewed something answered; a batch that
+    answered ``None`` (empty, or every lease lost) does not reset it for claims outside it.
 
     A lease of the batch is renewed when it is its task's live claim (at ``now``) and its
     ``owner_id`` is ``owner_id``: its store, task, owner, token, generation and epoch are the
