@@ -27,7 +27,13 @@ from psycopg import sql
 from tritask.tasks.changes import RESYNC, ChangeFeed, TaskChange
 from tritask.tasks.model import TaskStatus
 
-__all__ = ["change_payload", "listen_changes", "parse_change", "reaped_payload_sql"]
+__all__ = [
+    "change_payload",
+    "listen_changes",
+    "own_suffixes",
+    "parse_change",
+    "reaped_payload_sql",
+]
 
 log = logging.getLogger("tritask_postgres")
 
@@ -52,6 +58,21 @@ def reaped_payload_sql(task_id_column: str, origin_param: str) -> str:
         f"json_build_object('v', 1, 'kind', 'reaped', 'taskId', {task_id_column},"
         f" 'origin', {origin_param})::text"
     )
+
+
+def own_suffixes(origin: str) -> tuple[bytes, bytes]:
+    """How a payload this store object sent ends: the ``origin`` member is the last one of
+    both :func:`change_payload` (compact) and :func:`reaped_payload_sql` (PostgreSQL's
+    ``json_build_object`` text, ``"key" : value``).
+
+    Every settle's NOTIFY comes back to the same process's LISTEN connection; its change was
+    announced in process already, so the listener drops it by this suffix without decoding
+    the JSON (which :func:`parse_change` would then drop by the same origin). A payload of
+    anyone else never ends so: the origins differ, and a JSON string holding the suffix would
+    end in an escaped quote.
+    """
+    value = json.dumps(origin, ensure_ascii=False)
+    return (f'"origin":{value}}}'.encode(), f'"origin" : {value}}}'.encode())
 
 
 def parse_change(payload: str, origin: str) -> TaskChange | None:
@@ -105,6 +126,7 @@ async def listen_changes(
             raise
         return conn
 
+    own = own_suffixes(origin)
     reader = feed.open_reader()
     conn: psycopg.Connection[Any] | None = None
     backoff = _BACKOFF_START_S
@@ -154,6 +176,8 @@ async def listen_changes(
                 conn = None
                 continue
             while (notify := pgconn.notifies()) is not None:
+                if notify.extra.endswith(own):
+                    continue  # this store's own commit: announced in process already
                 parsed = parse_change(notify.extra.decode("utf-8", "replace"), origin)
                 if parsed is not None:
                     yield parsed

@@ -17,8 +17,14 @@ import pytest
 import trio
 from fixture_process import serve_fixture
 from postgres_support import SchemaFactory, pg_schemas, postgres_dsn
+from postgres_support import connect as pg_connect
 from tritask_postgres import PostgresStore
-from tritask_postgres._changes import change_payload, parse_change
+from tritask_postgres._changes import (
+    change_payload,
+    own_suffixes,
+    parse_change,
+    reaped_payload_sql,
+)
 
 from tritask.client import connect
 from tritask.tasks.changes import RESYNC, TaskChange
@@ -79,6 +85,29 @@ def test_payloads_are_bounded_and_decoded_strictly() -> None:
         assert parse_change(bad, "mine") is None, bad
     reaped = json.dumps({"v": 1, "kind": "reaped", "taskId": "t", "origin": "x"})
     assert parse_change(reaped, "mine") == TaskChange("reaped", "t")
+
+
+def test_own_payloads_are_told_apart_by_their_suffix_only(postgres_dsn: str) -> None:
+    """The listener drops this store object's own NOTIFYs by their ending, undecoded: both
+    payload forms (the compact JSON of a change, PostgreSQL's text of a reaped task) end so,
+    and no payload of another origin does, whatever its task id holds."""
+    mine, theirs = "0a1b2c3d4e5f6071", "0a1b2c3d4e5f6072"
+    own = own_suffixes(mine)
+    tricky = f'x","origin":"{mine}"}}'  # a task id that quotes the suffix (escaped in JSON)
+    for task_id in ("t", "t" * 256, tricky, 'q"}'):
+        for status in TaskStatus:
+            assert change_payload(task_id, 3, status, mine).encode().endswith(own)
+            assert not change_payload(task_id, 3, status, theirs).encode().endswith(own)
+            assert parse_change(change_payload(task_id, 3, status, theirs), mine) is not None
+    with pg_connect(postgres_dsn) as conn:
+        for task_id in ("t", tricky):
+            for origin, ends in ((mine, True), (theirs, False)):
+                query = "SELECT " + reaped_payload_sql("%(id)s::text", "%(origin)s::text")
+                row = conn.execute(query, {"id": task_id, "origin": origin}).fetchone()
+                assert row is not None
+                payload = str(row[0])
+                assert payload.encode().endswith(own) is ends, payload
+                assert (parse_change(payload, mine) is None) is ends
 
 
 async def test_changes_of_another_store_object_arrive_without_their_task(
