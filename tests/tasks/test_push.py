@@ -32,7 +32,7 @@ from tritask.tasks.extension import Tasks
 from tritask.tasks.memory import MemoryStore
 from tritask.tasks.model import TaskStatus
 from tritask.tasks.runner import Runner
-from tritask.tasks.store import offers_changes
+from tritask.tasks.store import Unauthorized, offers_changes
 
 SUB = SUBSCRIPTION_ID_KEY
 
@@ -390,3 +390,60 @@ async def test_without_a_store_feed_the_runner_announces_its_own_transitions(
     await listener.recorder.wait_for(3)
     assert listener.statuses() == [(task_id, "working"), (task_id, "completed")]
     listener.scope.cancel()
+
+
+TENANT_KEY = "com.example/tenant"
+
+
+def by_principal_and_tenant(ctx: Any) -> JSONValue:
+    """A store scope that also reads the request's own ``_meta`` (a tenant the client names)."""
+    tenant = ctx.meta.raw.get(TENANT_KEY)
+    if not isinstance(tenant, str):
+        raise Unauthorized("no tenant named")
+    return [ctx.principal, tenant]
+
+
+async def test_a_stream_reads_its_tasks_with_the_access_its_listen_request_had(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The stream outlives its request and keeps only its detached context, which has nothing of
+    the request's ``_meta``: a scope function reading it must still have been asked with the
+    request (at opening), or the stream would read its tasks as someone else (here: nobody)."""
+    env = await start_env(
+        nursery, task_support={"gated": "required"}, scope=by_principal_and_tenant
+    )
+    gate = trio.Event()
+
+    @env.app.tool()
+    async def gated(ctx: Context) -> str:
+        """Waits for its gate."""
+        await gate.wait()
+        return "done"
+
+    acme = {TENANT_KEY: "acme"}
+    task_id = await env.create("gated", principal="alice", meta_extra=acme)
+    recorder = Recorder()
+    done = trio.Event()
+
+    async def listen() -> None:
+        await env.call(
+            "subscriptions/listen",
+            {"notifications": {"taskIds": [task_id]}},
+            emit=recorder,
+            id="listen-1",
+            principal="alice",
+            meta_extra=acme,
+        )
+        done.set()
+
+    with trio.CancelScope() as scope:
+        nursery.start_soon(listen)
+        await recorder.wait_for(2)  # the acknowledgement, then the task's state read when sent
+        env.tasks._on_change(RESYNC)  # read again through the store: the same revision, unsent
+        await trio.testing.wait_all_tasks_blocked()
+        gate.set()
+        await recorder.wait_for(3)
+        statuses = [(f["taskId"], f["status"]) for f in recorder.of("notifications/tasks")]
+        assert statuses == [(task_id, "working"), (task_id, "completed")]
+        assert not done.is_set()
+        scope.cancel()

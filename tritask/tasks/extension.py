@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import secrets
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, Final, Literal, TypeAlias
@@ -60,6 +61,7 @@ from tritask.tasks.reducer import DuplicateInputKey
 from tritask.tasks.runner import Runner, RunnerNotRunning
 from tritask.tasks.steps import StepError, only_step_errors
 from tritask.tasks.store import (
+    Access,
     Action,
     CapacityExceeded,
     Concurrency,
@@ -175,6 +177,10 @@ _TASK_SUPPORT: Final[dict[Mode, TaskSupport]] = {
 
 _Memo: TypeAlias = dict[tuple[str, str], tuple[int, Task] | None]
 """One change's reads, by (store id, scope): the revision and task read, or ``None`` (gone)."""
+
+
+_ACCESS_STATE: Final = f"{EXTENSION_ID}#access"
+"""``subscription.state`` key of the stream's access to each task it watches (by task id)."""
 
 
 def _watching(subscription: Subscription, task_id: str) -> bool:
@@ -396,6 +402,11 @@ class Tasks(Extension):
         self.store_options = dict(store_options or {})
         self.runner_options = dict(runner_options or {})
         self._app: App | None = None
+        self._opening: weakref.WeakKeyDictionary[Context, dict[str, Access]] = (
+            weakref.WeakKeyDictionary()
+        )
+        """The access each listen request was granted to each task it may watch, from its
+        filter (:meth:`subscription_filter`) to its opening (:meth:`subscription_opened`)."""
         self.runner = runner
         self._methods: dict[str, MethodHandler] = {
             "tasks/get": self._get,
@@ -494,10 +505,19 @@ class Tasks(Extension):
     def subscription_opened(self, subscription: Subscription, ctx: Context) -> None:
         """Queue each watched task's current state: the first thing the stream sends after
         its acknowledgement (read when sent, so no change committed meanwhile is missed)."""
+        accesses = self._opening.pop(ctx, {})
         ids = subscription.accepted.get("taskIds")
         if not isinstance(ids, list):
             return
         subscription.state[EXTENSION_ID] = {}
+        # The stream outlives its request and renders with its detached context, which keeps
+        # none of the request's params or _meta: a scope function reading them would give
+        # another scope later. Keep the access the request itself was granted instead.
+        subscription.state[_ACCESS_STATE] = {
+            task_id: accesses[task_id]
+            for task_id in ids
+            if isinstance(task_id, str) and task_id in accesses
+        }
         for task_id in ids:
             if isinstance(task_id, str):
                 subscription.push(
@@ -537,7 +557,8 @@ class Tasks(Extension):
         if change is not None and change.task is not None and change.revision is not None:
             task, revision = change.task, change.revision
         else:
-            found, gone = await self._read_retrying(task_id, memo, ctx)
+            access = subscription.state.get(_ACCESS_STATE, {}).get(task_id)
+            found, gone = await self._read_retrying(task_id, memo, ctx, access)
             if gone:
                 self._forget(subscription, task_id)
                 return None
@@ -550,13 +571,13 @@ class Tasks(Extension):
         return detailed_task(task)
 
     async def _read_retrying(
-        self, task_id: str, memo: _Memo | None, ctx: Any
+        self, task_id: str, memo: _Memo | None, ctx: Any, access: Access | None = None
     ) -> tuple[tuple[int, Task] | None, bool]:
         """:meth:`_read`, retried a few times when the store fails (a busy database, a lost
         connection): the change may be the task's last, so it must not be dropped lightly."""
         for attempt in range(_READ_ATTEMPTS):
             try:
-                return await self._read(task_id, memo, ctx)
+                return await self._read(task_id, memo, ctx, access)
             except StoreError as error:
                 if attempt + 1 == _READ_ATTEMPTS:
                     log.warning("listen: reading task %s failed, skipped: %s", task_id, error)
@@ -565,15 +586,17 @@ class Tasks(Extension):
         return None, False
 
     async def _read(
-        self, task_id: str, memo: _Memo | None, ctx: Any
+        self, task_id: str, memo: _Memo | None, ctx: Any, access: Access | None = None
     ) -> tuple[tuple[int, Task] | None, bool]:
-        """The task's revision and state through the store with ``ctx``'s access (``memo``
-        shares one read between the streams of one scope); ``(None, True)`` when it is gone."""
+        """The task's revision and state through the store with ``access`` (the stream's,
+        granted at its opening) or else ``ctx``'s (``memo`` shares one read between the
+        streams of one scope); ``(None, True)`` when it is gone."""
         store, _ = self.parts()
-        try:
-            access = await store.authorize(ctx, Action.GET, task_id)
-        except Unauthorized:
-            return None, True
+        if access is None:
+            try:
+                access = await store.authorize(ctx, Action.GET, task_id)
+            except Unauthorized:
+                return None, True
         memo_key = (access.store_id, access.scope)
         if memo is not None and memo_key in memo:
             read = memo[memo_key]
@@ -586,6 +609,7 @@ class Tasks(Extension):
 
     def _forget(self, subscription: Subscription, task_id: str) -> None:
         subscription.state.get(EXTENSION_ID, {}).pop(task_id, None)
+        subscription.state.get(_ACCESS_STATE, {}).pop(task_id, None)
         if self._app is not None:
             self._app.hub.forget(subscription, "taskIds", task_id)
 
@@ -897,11 +921,23 @@ class Tasks(Extension):
                 raise InvalidParams(
                     f"taskIds entries must be at most {self.max_task_id_bytes} bytes"
                 )
-        visible = [task_id for task_id in dict.fromkeys(ids) if await self._visible(task_id, ctx)]
-        return {"taskIds": visible} if visible else {}
+        accesses: dict[str, Access] = {}
+        for task_id in dict.fromkeys(ids):
+            access = await self._visible(task_id, ctx)
+            if access is not None:
+                accesses[task_id] = access
+        self._opening[ctx] = accesses  # for subscription_opened, with the same context
+        return {"taskIds": list(accesses)} if accesses else {}
 
-    async def _visible(self, task_id: str, ctx: Context) -> bool:
-        return await self.lookup(task_id, ctx, Action.GET) is not None
+    async def _visible(self, task_id: str, ctx: Context) -> Access | None:
+        """The access ``ctx`` has to the task, if it may see it."""
+        store, _ = self.parts()
+        try:
+            access = await store.authorize(ctx, Action.GET, task_id)
+        except Unauthorized:
+            return None
+        snapshot = await store.get(task_id, access)
+        return None if isinstance(snapshot, NotFound) else access
 
     async def lookup(self, task_id: str, ctx: Context, action: Action) -> Snapshot | None:
         """The task if ``ctx``'s caller may see it (``None`` for unknown or out of scope)."""
