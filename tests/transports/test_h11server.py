@@ -670,6 +670,39 @@ async def test_cancelling_the_server_closes_a_handed_off_source() -> None:
     assert source.closes == 1
 
 
+async def test_cancelling_the_server_while_a_tick_still_runs_closes_a_handed_off_source() -> None:
+    """The reading task ends by itself after a hand-off, but not in the middle of a tick (a
+    keep-alive written to a client that reads nothing blocks): cancelled while waiting for it,
+    the connection still owns the source and must close it."""
+    source = Source()
+    ticking = trio.Event()
+
+    async def tick() -> None:
+        ticking.set()
+        await trio.sleep_forever()  # as a keep-alive write to a client reading nothing does
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await read_body(receive)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"first ", "more_body": True})
+        await send({"type": WATCH_EXTENSION, "tick": tick, "interval": 0.01})
+        await ticking.wait()
+        await send({"type": HANDOFF_EXTENSION, "source": source})
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            address = await start(nursery, app)
+            client = await Client.connect(address)
+            await client.request("/stream")
+            await client.event()
+            assert (await client.event()).data == b"first "
+            await ticking.wait()
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+        await client.aclose()
+    assert source.closes == 1
+
+
 async def test_a_body_after_a_hand_off_is_refused(nursery: trio.Nursery) -> None:
     source = Source()
     errors: list[Exception] = []

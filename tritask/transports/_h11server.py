@@ -736,15 +736,22 @@ class _Connection:
         alone. Nothing of this frame (the nursery) is kept while it is."""
         self._reading = True
         handed_off: _Cycle | None = None
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._read_loop)
-            try:
-                handed_off = await self._requests()
-            finally:
-                if handed_off is None:
-                    nursery.cancel_scope.cancel()
-                else:
-                    self._stop_reading()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._read_loop)
+                try:
+                    handed_off = await self._requests()
+                finally:
+                    if handed_off is None:
+                        nursery.cancel_scope.cancel()
+                    else:
+                        self._stop_reading()
+        except BaseException:
+            # Cancelled (or failed) while the reading task was finishing a tick: nobody will
+            # drive the handed-off source, so it is closed here (its hub subscription freed).
+            if handed_off is not None:
+                handed_off.drop_source()
+            raise
         return handed_off
 
     async def _requests(self) -> _Cycle | None:
