@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 from urllib.parse import urlsplit
 
 import trio
@@ -266,6 +266,10 @@ def _telemetry(app: App) -> ConfiguredTelemetry:
     return telemetry
 
 
+STOP_SECONDS: Final = 10.0
+"""After a shutdown signal, how long the transports may take to wind down before cancellation."""
+
+
 async def _serve(app: App, args: argparse.Namespace) -> None:
     from tritask.transports._h11server import ServerConfig
     from tritask.transports.http import LOOPBACK_HOSTS, HttpOptions, serve_http
@@ -333,7 +337,9 @@ async def _serve(app: App, args: argparse.Namespace) -> None:
 
             host, port = args.ws
             url = await nursery.start(
-                lambda task_status: serve_websocket(app, host, port, task_status=task_status)
+                lambda task_status: serve_websocket(
+                    app, host, port, shutdown_trigger=shutdown_trigger, task_status=task_status
+                )
             )
             print(f"tritask: serving WebSocket on {url}", file=sys.stderr, flush=True)
         if args.stdio:
@@ -354,7 +360,15 @@ async def _serve(app: App, args: argparse.Namespace) -> None:
         print("tritask: shutting down", file=sys.stderr, flush=True)
         with trio.move_on_after(10):
             await trio.sleep(0.05)
-        nursery.cancel_scope.deadline = trio.current_time() + 10
+        nursery.cancel_scope.deadline = trio.current_time() + STOP_SECONDS
+    if nursery.cancel_scope.cancel_called:
+        # Every transport stops on `shutdown` by itself; this is a request that outlived its
+        # grace, or a transport that did not stop: worth saying, since the exit was forced.
+        print(
+            f"tritask: the transports did not stop within {STOP_SECONDS:g} s; cancelled them",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _oauth(args: argparse.Namespace) -> BearerAuth | None:

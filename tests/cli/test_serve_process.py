@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio_websocket
 
 from tritask.client import connect
 from tritask.testing import ServeError, ServeProcess
@@ -75,7 +76,6 @@ async def test_a_sigkill_restart_is_a_new_process_on_the_same_store(tmp_path: Pa
         # The second process could open the file the killed one held exclusively.
         for target in (server.url, server.ws_url):
             assert await tool_names(target) == ["echo"]
-        # (A graceful stop of a WebSocket server waits out its open connections.)
         assert await server.akill() == -signal.SIGKILL
     assert gone(server.pid)
 
@@ -134,3 +134,25 @@ def test_transports_are_checked_before_anything_runs() -> None:
             ServeProcess("app.py:app", transports=transports)
     with pytest.raises(RuntimeError, match="start it first"):
         ServeProcess("app.py:app").url  # noqa: B018
+
+
+async def test_sigint_stops_a_websocket_server_gracefully_closing_its_connections(
+    tmp_path: Path,
+) -> None:
+    server = ServeProcess(write_app(tmp_path), transports=("http", "ws"))
+    async with server:
+        assert await tool_names(server.ws_url) == ["echo"]
+        with trio.fail_after(30):
+            async with trio_websocket.open_websocket_url(server.ws_url) as ws:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(server.astop, signal.SIGINT)
+                    with pytest.raises(trio_websocket.ConnectionClosed) as closed:
+                        await ws.get_message()
+                reason = closed.value.reason
+                assert (
+                    reason is not None and reason.code == 1001
+                )  # going away, not a cut connection
+        assert server.returncode == 0, server.stderr
+    assert "tritask: shutting down" in server.stderr
+    # The WebSocket transport stopped by itself: the 10 s forced cancellation was not needed.
+    assert "did not stop" not in server.stderr, server.stderr

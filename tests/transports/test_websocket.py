@@ -238,3 +238,102 @@ def test_origin_rule() -> None:
     assert not origin_allowed("null", None)
     assert origin_allowed("https://app.example", ("https://app.example",))
     assert not origin_allowed("http://localhost", ("https://app.example",))
+
+
+@asynccontextmanager
+async def stoppable_server(app: App, **options: Any) -> AsyncIterator[tuple[str, trio.Event]]:
+    """A server with a shutdown trigger; leaving the block asserts it returned by itself."""
+    trigger = trio.Event()
+    returned = trio.Event()
+
+    async def run(task_status: trio.TaskStatus[str]) -> None:
+        await serve_websocket(
+            app,
+            "127.0.0.1",
+            0,
+            shutdown_trigger=trigger.wait,
+            task_status=task_status,
+            **options,
+        )
+        returned.set()
+
+    async with trio.open_nursery() as nursery:
+        with trio.fail_after(10):
+            url: str = await nursery.start(run)
+        yield url, trigger
+        with trio.fail_after(10):
+            await returned.wait()
+    # the nursery was never cancelled: serve_websocket ended because of its trigger
+
+
+async def closed_code(ws: trio_websocket.WebSocketConnection) -> int:
+    """Read until the server closes the connection; the close code it sent."""
+    with trio.fail_after(10):
+        while True:
+            try:
+                await ws.get_message()
+            except trio_websocket.ConnectionClosed as closed:
+                assert closed.reason is not None
+                return closed.reason.code
+
+
+async def test_shutdown_answers_the_call_in_flight_then_closes_connections_with_1001() -> None:
+    probe = Probe()
+    server = stoppable_server(build_app(probe))
+    async with server as (url, trigger), client(url) as busy, client(url) as idle:
+        await busy.send_message(request(1, "tools/call", name="block", arguments={}))
+        with trio.fail_after(10):
+            await probe.started.wait()
+        trigger.set()
+        # The idle connection goes away at once, while the call is still running.
+        assert await closed_code(idle) == 1001
+        assert busy.closed is None
+        with pytest.raises((OSError, trio_websocket.HandshakeError)):
+            async with client(url):
+                pass  # the listener is closed: no new connection
+        probe.release.set()
+        response = await receive(busy)
+        assert response["id"] == 1
+        assert response["result"]["content"] == [{"type": "text", "text": "released"}]
+        assert await closed_code(busy) == 1001
+    assert not probe.saw_cancelled.is_set()
+
+
+async def test_shutdown_cancels_what_outlives_the_grace_and_still_closes_with_1001() -> None:
+    probe = Probe()
+    server = stoppable_server(build_app(probe), graceful_timeout=0)
+    async with server as (url, trigger), client(url) as ws:
+        await ws.send_message(request(1, "tools/call", name="block", arguments={}))
+        with trio.fail_after(10):
+            await probe.started.wait()
+        trigger.set()
+        assert await closed_code(ws) == 1001
+        assert probe.saw_cancelled.is_set()
+
+
+async def test_a_peer_that_leaves_during_the_grace_has_its_requests_cancelled() -> None:
+    probe = Probe()
+    async with stoppable_server(build_app(probe)) as (url, trigger), client(url) as idle:
+        async with client(url) as busy:
+            await busy.send_message(request(1, "tools/call", name="block", arguments={}))
+            with trio.fail_after(10):
+                await probe.started.wait()
+            trigger.set()
+            assert await closed_code(idle) == 1001  # the shutdown is under way
+        # busy closed its side: nobody is left to read the answer
+        with trio.fail_after(10):
+            await probe.saw_cancelled.wait()
+
+
+async def test_shutdown_ends_listen_streams_and_closes_with_1001() -> None:
+    app = build_app(Probe())
+    async with stoppable_server(app) as (url, trigger), client(url) as ws:
+        await ws.send_message(
+            request("sub-1", "subscriptions/listen", notifications={"toolsListChanged": True})
+        )
+        assert (await receive(ws))["method"] == "notifications/subscriptions/acknowledged"
+        trigger.set()
+        # A listen stream never finishes by itself, so it does not hold the shutdown up: it
+        # ends at once (as on a stdio EOF) and the 1001 close is the client's notice.
+        assert await closed_code(ws) == 1001
+    assert app.hub.subscriber_count == 0
