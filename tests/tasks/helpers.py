@@ -24,11 +24,11 @@ from tritask.server.context import Emit
 from tritask.server.dispatcher import Dispatcher
 from tritask.tasks import TrioClock, format_instant, parse_instant
 from tritask.tasks.events import Event
-from tritask.tasks.executor import ExecutionToken, Outcome
+from tritask.tasks.executor import Completed, ExecutionToken, Outcome
 from tritask.tasks.extension import EXTENSION_ID, Tasks
 from tritask.tasks.instrumentation import JOB_STOP, RecordingInstrumentation
 from tritask.tasks.memory import MemoryStore
-from tritask.tasks.model import Snapshot, new_task
+from tritask.tasks.model import Snapshot, TaskStatus, new_task
 from tritask.tasks.runner import Runner
 from tritask.tasks.store import (
     Access,
@@ -55,6 +55,8 @@ TASKS_CAPS: dict[str, JSONValue] = {"extensions": {EXTENSION_ID: {}}}
 ELICIT_CAPS: dict[str, JSONValue] = {"extensions": {EXTENSION_ID: {}}, "elicitation": {}}
 UNKNOWN_TASK = "Unknown or inaccessible taskId"
 ISO_MS = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$"
+DONE: dict[str, Any] = {"content": [{"type": "text", "text": "done"}], "isError": False}
+"""A tool result: one text block, ``done``."""
 
 
 def by_principal(ctx: Any) -> JSONValue:
@@ -426,6 +428,67 @@ class HookedStore:
 
 async def no_hook(op: str, args: tuple[Any, ...]) -> None:
     await trio.lowlevel.checkpoint()
+
+
+class MortalStore(HookedStore):
+    """``HookedStore`` over a memory store whose process can be killed: once ``dead`` is set,
+    nothing it sends reaches the store any more (its releases, transitions and renewal batches
+    fail as a killed process's would). ``memory`` is the store itself, for the renewal methods
+    a subclass offers."""
+
+    def __init__(self, inner: MemoryStore, hook: Hook = no_hook) -> None:
+        super().__init__(inner, hook)
+        self.memory = inner
+        self.dead = False
+
+    async def _reach(self) -> None:
+        """Raise as a killed process's call would, if ``dead``."""
+        if self.dead:
+            await trio.lowlevel.checkpoint()
+            raise OSError("the process is gone")
+
+    async def release(self, lease: Lease) -> None:
+        await self._reach()
+        await super().release(lease)
+
+    async def transition(self, *args: Any) -> Any:
+        await self._reach()
+        return await super().transition(*args)
+
+
+def unlimited_memory_store() -> MemoryStore:
+    """A shared-scope memory store on trio's clock with no capacity limits."""
+    return MemoryStore(
+        scope="shared",
+        clock=TrioClock(START_US),
+        max_tasks=None,
+        max_active_tasks_per_scope=None,
+    )
+
+
+async def create_job(store: Store, runner: Runner, task_id: str) -> None:
+    """Create (through ``runner``) a one-hour ``job`` task whose input names it."""
+    access = await store.authorize(ANONYMOUS, Action.CREATE, task_id)
+    task = new_task(task_id, await store.now(), 3_600_000, 100)
+    work = Work(idempotency_key=task_id, type="job", input={"taskId": task_id})
+    await runner.create_task(task, work, access)
+
+
+async def status_of(store: Store, task_id: str) -> TaskStatus:
+    access = await store.authorize(ANONYMOUS, Action.GET, task_id)
+    snapshot = await store.get(task_id, access)
+    assert isinstance(snapshot, Snapshot)
+    return snapshot.task.status
+
+
+def sleeper(seconds: float, result: dict[str, Any] = DONE) -> ScriptedExecutor:
+    """An executor whose every attempt sleeps ``seconds`` and then completes with ``result``."""
+
+    async def script(work: Work, token: ExecutionToken) -> Outcome:
+        await trio.sleep(seconds)
+        return Completed(result)
+
+    return ScriptedExecutor(script)
 
 
 def all_strings(value: Any) -> list[str]:

@@ -15,15 +15,26 @@ import attrs
 import pytest
 import trio
 import trio.testing
-from helpers import ANONYMOUS, START_US, HookedStore, ScriptedExecutor, no_hook, wait_stops
+from helpers import (
+    ANONYMOUS,
+    DONE,
+    HookedStore,
+    MortalStore,
+    ScriptedExecutor,
+    create_job,
+    no_hook,
+    sleeper,
+    status_of,
+    unlimited_memory_store,
+    wait_stops,
+)
 
-from tritask.tasks import TrioClock
 from tritask.tasks import instrumentation as ins
 from tritask.tasks.events import Event, EventKind
 from tritask.tasks.executor import Completed, ExecutionToken, Outcome
 from tritask.tasks.instrumentation import RecordingInstrumentation
 from tritask.tasks.memory import MemoryStore
-from tritask.tasks.model import Snapshot, TaskStatus, new_task
+from tritask.tasks.model import TaskStatus
 from tritask.tasks.runner import Runner
 from tritask.tasks.store import (
     UNAVAILABLE,
@@ -33,91 +44,42 @@ from tritask.tasks.store import (
     LeaseLost,
     Renewed,
     RequestAuthority,
-    Store,
     renews_leases,
 )
 from tritask.tasks.work import Work
 
 pytestmark = pytest.mark.contract("tasks-recovery-claims")
 
-DONE: dict[str, Any] = {"content": [{"type": "text", "text": "done"}], "isError": False}
 ASK = {"method": "elicitation/create", "params": {"message": "Proceed?"}}
 
 
-class BatchHookedStore(HookedStore):
-    """``HookedStore`` that also offers ``renew_all`` (hook op ``renew_all``); ``batches``
+class BatchHookedStore(MortalStore):
+    """``MortalStore`` that also offers ``renew_all`` (hook op ``renew_all``); ``batches``
     records the task ids of every batch the runner sent."""
 
     def __init__(self, inner: MemoryStore, hook: Any = no_hook) -> None:
         super().__init__(inner, hook)
-        self.memory = inner
         self.batches: list[tuple[float, list[str]]] = []
-        self.dead = False
 
     async def renew_all(
         self, owner_id: str, leases: list[Lease] | tuple[Lease, ...], lease_ms: int
     ) -> list[Renewed | LeaseLost]:
-        if self.dead:  # a killed process: nothing it sends reaches the store any more
-            await trio.lowlevel.checkpoint()
-            raise OSError("the process is gone")
+        await self._reach()
         self.batches.append((trio.current_time(), [lease.task_id for lease in leases]))
         await self._before("renew_all", owner_id, leases, lease_ms)
         return await self.memory.renew_all(owner_id, leases, lease_ms)
 
-    async def release(self, lease: Lease) -> None:
-        if self.dead:
-            await trio.lowlevel.checkpoint()
-            raise OSError("the process is gone")
-        await super().release(lease)
-
-    async def transition(self, *args: Any) -> Any:
-        if self.dead:
-            await trio.lowlevel.checkpoint()
-            raise OSError("the process is gone")
-        return await super().transition(*args)
-
-
-def memory_store() -> MemoryStore:
-    return MemoryStore(
-        scope="shared",
-        clock=TrioClock(START_US),
-        max_tasks=None,
-        max_active_tasks_per_scope=None,
-    )
-
-
-async def create(store: Store, runner: Runner, task_id: str) -> None:
-    access = await store.authorize(ANONYMOUS, Action.CREATE, task_id)
-    task = new_task(task_id, await store.now(), 3_600_000, 100)
-    work = Work(idempotency_key=task_id, type="job", input={"taskId": task_id})
-    await runner.create_task(task, work, access)
-
-
-async def status_of(store: Store, task_id: str) -> TaskStatus:
-    access = await store.authorize(ANONYMOUS, Action.GET, task_id)
-    snapshot = await store.get(task_id, access)
-    assert isinstance(snapshot, Snapshot)
-    return snapshot.task.status
-
-
-def sleeper(seconds: float) -> ScriptedExecutor:
-    async def script(work: Work, token: ExecutionToken) -> Outcome:
-        await trio.sleep(seconds)
-        return Completed(DONE)
-
-    return ScriptedExecutor(script)
-
 
 def test_the_built_in_memory_store_renews_in_batches() -> None:
-    assert renews_leases(memory_store())
-    assert not renews_leases(HookedStore(memory_store(), no_hook))
+    assert renews_leases(unlimited_memory_store())
+    assert not renews_leases(HookedStore(unlimited_memory_store(), no_hook))
 
 
 async def test_one_store_call_per_heartbeat_renews_every_attempt(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     """50 attempts, 10 heartbeats: 10 renew_all calls, no single renew and no re-read."""
-    store = BatchHookedStore(memory_store())
+    store = BatchHookedStore(unlimited_memory_store())
     events = RecordingInstrumentation()
     runner = Runner(
         store,
@@ -129,9 +91,9 @@ async def test_one_store_call_per_heartbeat_renews_every_attempt(
     )
     await nursery.start(runner.run)
     for n in range(49):
-        await create(store, runner, f"t{n:02}")
+        await create_job(store, runner, f"t{n:02}")
     await trio.sleep_until(0.5)
-    await create(store, runner, "late")  # started half a heartbeat later
+    await create_job(store, runner, "late")  # started half a heartbeat later
     ids = sorted([f"t{n:02}" for n in range(49)] + ["late"])
     await trio.sleep_until(10.75)
     for n in range(49):
@@ -160,7 +122,7 @@ async def test_a_lost_lease_in_a_batch_stops_that_attempt_alone(
     """A stale token in the batch is refused for that lease alone: that attempt stops (and
     releases the claim it still holds), recovery adopts the task at the next generation, the
     others keep running on their renewed leases."""
-    memory = memory_store()
+    memory = unlimited_memory_store()
     forged: list[str] = []
 
     class Forging(BatchHookedStore):
@@ -195,7 +157,7 @@ async def test_a_lost_lease_in_a_batch_stops_that_attempt_alone(
     )
     await nursery.start(runner.run)
     for task_id in ("a", "victim", "b"):
-        await create(store, runner, task_id)
+        await create_job(store, runner, task_id)
     await trio.sleep_until(1.0)
     (stop,) = await wait_stops(events, "victim")
     assert stop["outcome"] == "stale_lease"
@@ -222,7 +184,7 @@ async def test_answers_and_cancellations_committed_elsewhere_arrive_at_the_next_
 ) -> None:
     """Another process commits straight to the store: the batch sees the task's revision move,
     and only that attempt re-reads its task (an answer is delivered, a cancellation stops it)."""
-    store = BatchHookedStore(memory_store())
+    store = BatchHookedStore(unlimited_memory_store())
     events = RecordingInstrumentation()
     answers: list[tuple[Any, float]] = []
 
@@ -241,7 +203,7 @@ async def test_answers_and_cancellations_committed_elsewhere_arrive_at_the_next_
     )
     await nursery.start(runner.run)
     for task_id in ("asks", "cancelled", "idle"):
-        await create(store, runner, task_id)
+        await create_job(store, runner, task_id)
     await trio.sleep_until(1.25)
     reads_before = store.calls.count("worker_snapshot")
     update = await store.authorize(ANONYMOUS, Action.UPDATE, "asks")
@@ -276,7 +238,7 @@ async def test_a_transient_renew_all_failure_is_retried_at_the_next_heartbeat(
             failures += 1
             raise DatabaseBusy("database is busy")
 
-    store = BatchHookedStore(memory_store(), hook)
+    store = BatchHookedStore(unlimited_memory_store(), hook)
     events = RecordingInstrumentation()
     runner = Runner(
         store,
@@ -287,7 +249,7 @@ async def test_a_transient_renew_all_failure_is_retried_at_the_next_heartbeat(
         instrumentation=events,
     )
     await nursery.start(runner.run)
-    await create(store, runner, "slow")
+    await create_job(store, runner, "slow")
     await trio.sleep_until(9.75)
     (stop,) = await wait_stops(events, "slow")
     assert stop["outcome"] == "completed"
@@ -310,7 +272,7 @@ async def test_an_attempt_whose_commit_is_in_flight_is_renewed_alone_after_it(
         if op == "transition" and args[2].kind is EventKind.INPUT_REQUESTED:
             await trio.sleep(1.0)  # committing input_requested from 0.5 s to 1.5 s
 
-    store = BatchHookedStore(memory_store(), hook)
+    store = BatchHookedStore(unlimited_memory_store(), hook)
     events = RecordingInstrumentation()
 
     async def script(work: Work, token: ExecutionToken) -> Outcome:
@@ -331,8 +293,8 @@ async def test_an_attempt_whose_commit_is_in_flight_is_renewed_alone_after_it(
         instrumentation=events,
     )
     await nursery.start(runner.run)
-    await create(store, runner, "asks")
-    await create(store, runner, "other")
+    await create_job(store, runner, "asks")
+    await create_job(store, runner, "other")
     await trio.sleep_until(3.75)
     await wait_stops(events, "other")
     assert store.batches[0] == (1.0, ["other"])
@@ -354,7 +316,7 @@ async def test_a_runner_dying_with_hundreds_of_running_tasks_hands_them_all_over
     its tasks before the last batch's leases lapse, then a recovering runner adopts every one
     at generation 2 and completes it exactly once."""
     count = 300
-    memory = memory_store()
+    memory = unlimited_memory_store()
     dying = BatchHookedStore(memory)
     attempts: dict[str, list[int]] = {}
 
@@ -382,7 +344,7 @@ async def test_a_runner_dying_with_hundreds_of_running_tasks_hands_them_all_over
     kill_a: trio.CancelScope = await nursery.start(host)
     ids = [f"task-{n:03}" for n in range(count)]
     for task_id in ids:
-        await create(dying, runner_a, task_id)
+        await create_job(dying, runner_a, task_id)
     await trio.sleep_until(2.5)  # renewed at 1 s and 2 s: leases end at 5 s
     assert [len(batch) for _, batch in dying.batches] == [count, count]
     dying.dead = True

@@ -17,15 +17,27 @@ import attrs
 import pytest
 import trio
 import trio.testing
-from helpers import ANONYMOUS, START_US, HookedStore, ScriptedExecutor, no_hook, wait_stops
+from helpers import (
+    ANONYMOUS,
+    DONE,
+    START_US,
+    HookedStore,
+    MortalStore,
+    ScriptedExecutor,
+    create_job,
+    no_hook,
+    sleeper,
+    status_of,
+    unlimited_memory_store,
+    wait_stops,
+)
 
-from tritask.tasks import TrioClock
 from tritask.tasks import instrumentation as ins
 from tritask.tasks.events import Event, EventKind
 from tritask.tasks.executor import Completed, ExecutionToken, Outcome
 from tritask.tasks.instrumentation import RecordingInstrumentation
 from tritask.tasks.memory import MemoryStore
-from tritask.tasks.model import Snapshot, TaskStatus, new_task
+from tritask.tasks.model import TaskStatus
 from tritask.tasks.runner import Runner
 from tritask.tasks.store import (
     UNAVAILABLE,
@@ -34,7 +46,6 @@ from tritask.tasks.store import (
     Lease,
     OwnerRenewal,
     RequestAuthority,
-    Store,
     renews_leases,
     renews_owner_lease,
 )
@@ -42,19 +53,16 @@ from tritask.tasks.work import Work
 
 pytestmark = pytest.mark.contract("tasks-recovery-claims")
 
-DONE: dict[str, Any] = {"content": [{"type": "text", "text": "done"}], "isError": False}
 ASK = {"method": "elicitation/create", "params": {"message": "Proceed?"}}
 
 
-class OwnerHookedStore(HookedStore):
-    """``HookedStore`` that also offers ``renew_owner`` (hook op ``renew_owner``), not
+class OwnerHookedStore(MortalStore):
+    """``MortalStore`` that also offers ``renew_owner`` (hook op ``renew_owner``), not
     ``renew_all``; ``batches`` records the time and the leases of every batch."""
 
     def __init__(self, inner: MemoryStore, hook: Any = no_hook) -> None:
         super().__init__(inner, hook)
-        self.memory = inner
         self.batches: list[tuple[float, list[Lease], int | None]] = []
-        self.dead = False
 
     async def renew_owner(
         self,
@@ -64,62 +72,17 @@ class OwnerHookedStore(HookedStore):
         following: int | None,
         lease_ms: int,
     ) -> OwnerRenewal:
-        if self.dead:  # a killed process: nothing it sends reaches the store any more
-            await trio.lowlevel.checkpoint()
-            raise OSError("the process is gone")
+        await self._reach()
         self.batches.append((trio.current_time(), list(leases), following))
         await self._before("renew_owner", owner_id, leases, revisions, following, lease_ms)
         return await self.memory.renew_owner(owner_id, leases, revisions, following, lease_ms)
-
-    async def release(self, lease: Lease) -> None:
-        if self.dead:
-            await trio.lowlevel.checkpoint()
-            raise OSError("the process is gone")
-        await super().release(lease)
-
-    async def transition(self, *args: Any) -> Any:
-        if self.dead:
-            await trio.lowlevel.checkpoint()
-            raise OSError("the process is gone")
-        return await super().transition(*args)
 
     def ids(self, n: int) -> list[str]:
         return sorted(lease.task_id for lease in self.batches[n][1])
 
 
-def memory_store() -> MemoryStore:
-    return MemoryStore(
-        scope="shared",
-        clock=TrioClock(START_US),
-        max_tasks=None,
-        max_active_tasks_per_scope=None,
-    )
-
-
-async def create(store: Store, runner: Runner, task_id: str) -> None:
-    access = await store.authorize(ANONYMOUS, Action.CREATE, task_id)
-    task = new_task(task_id, await store.now(), 3_600_000, 100)
-    work = Work(idempotency_key=task_id, type="job", input={"taskId": task_id})
-    await runner.create_task(task, work, access)
-
-
-async def status_of(store: Store, task_id: str) -> TaskStatus:
-    access = await store.authorize(ANONYMOUS, Action.GET, task_id)
-    snapshot = await store.get(task_id, access)
-    assert isinstance(snapshot, Snapshot)
-    return snapshot.task.status
-
-
-def sleeper(seconds: float) -> ScriptedExecutor:
-    async def script(work: Work, token: ExecutionToken) -> Outcome:
-        await trio.sleep(seconds)
-        return Completed(DONE)
-
-    return ScriptedExecutor(script)
-
-
 def test_the_memory_store_offers_renew_owner_and_wrappers_only_by_their_class() -> None:
-    memory = memory_store()
+    memory = unlimited_memory_store()
     assert renews_owner_lease(memory) and renews_leases(memory)
     assert not renews_owner_lease(HookedStore(memory, no_hook))
     assert renews_owner_lease(OwnerHookedStore(memory)) and not renews_leases(
@@ -133,7 +96,7 @@ async def test_one_call_per_heartbeat_and_no_new_lease_per_attempt(
     """50 attempts, 10 heartbeats: 10 renew_owner calls, no single renew, no re-read, and
     every batch passes the very lease objects the claims made: a heartbeat makes none. Each
     batch after the first passes the expiry the previous one answered."""
-    store = OwnerHookedStore(memory_store())
+    store = OwnerHookedStore(unlimited_memory_store())
     events = RecordingInstrumentation()
     runner = Runner(
         store,
@@ -145,9 +108,9 @@ async def test_one_call_per_heartbeat_and_no_new_lease_per_attempt(
     )
     await nursery.start(runner.run)
     for n in range(49):
-        await create(store, runner, f"t{n:02}")
+        await create_job(store, runner, f"t{n:02}")
     await trio.sleep_until(0.5)
-    await create(store, runner, "late")
+    await create_job(store, runner, "late")
     ids = sorted([f"t{n:02}" for n in range(49)] + ["late"])
     await trio.sleep_until(10.75)
     for n in range(49):
@@ -181,7 +144,7 @@ async def test_a_lost_lease_in_a_batch_stops_that_attempt_alone(
     """A stale token in the batch is lost for that lease alone: that attempt stops, recovery
     adopts the task at the next generation, the others keep running on the owner lease and
     complete with their exact leases."""
-    memory = memory_store()
+    memory = unlimited_memory_store()
     forged: list[str] = []
 
     class Forging(OwnerHookedStore):
@@ -221,7 +184,7 @@ async def test_a_lost_lease_in_a_batch_stops_that_attempt_alone(
     )
     await nursery.start(runner.run)
     for task_id in ("a", "victim", "b"):
-        await create(store, runner, task_id)
+        await create_job(store, runner, task_id)
     await trio.sleep_until(1.0)
     (stop,) = await wait_stops(events, "victim")
     assert stop["outcome"] == "stale_lease"
@@ -251,7 +214,7 @@ async def test_a_lapsed_owner_lease_stops_every_attempt_and_fences_their_writes(
     4 s: another runner adopts the tasks at generation 2 and completes them; the first
     runner's attempts, which finish at 4.5 s, have their writes refused as stale, and its next
     batch loses every lease, stopping whatever still runs. Each task completes once."""
-    memory = memory_store()
+    memory = unlimited_memory_store()
     failing = False
 
     async def hook(op: str, args: tuple[Any, ...]) -> None:
@@ -281,7 +244,7 @@ async def test_a_lapsed_owner_lease_stops_every_attempt_and_fences_their_writes(
     )
     await nursery.start(runner_a.run)
     for task_id in ("a", "b", "long"):
-        await create(store_a, runner_a, task_id)
+        await create_job(store_a, runner_a, task_id)
     await trio.sleep_until(1.5)
     failing = True
     events_b = RecordingInstrumentation()
@@ -324,7 +287,7 @@ async def test_answers_and_cancellations_committed_elsewhere_arrive_at_the_next_
     """Another process commits straight to the store: the batch answers the indexes whose
     revision moved, and only those attempts re-read their task (an answer is delivered, a
     cancellation stops it)."""
-    store = OwnerHookedStore(memory_store())
+    store = OwnerHookedStore(unlimited_memory_store())
     events = RecordingInstrumentation()
     answers: list[tuple[Any, float]] = []
 
@@ -343,7 +306,7 @@ async def test_answers_and_cancellations_committed_elsewhere_arrive_at_the_next_
     )
     await nursery.start(runner.run)
     for task_id in ("asks", "cancelled", "idle"):
-        await create(store, runner, task_id)
+        await create_job(store, runner, task_id)
     await trio.sleep_until(1.25)
     reads_before = store.calls.count("worker_snapshot")
     update = await store.authorize(ANONYMOUS, Action.UPDATE, "asks")
@@ -377,7 +340,7 @@ async def test_a_following_attempt_whose_commit_is_in_flight_keeps_its_exact_lea
         if op == "transition" and args[2].kind is EventKind.INPUT_REQUESTED:
             await trio.sleep(1.0)  # committing input_requested from 1.5 s to 2.5 s
 
-    store = OwnerHookedStore(memory_store(), hook)
+    store = OwnerHookedStore(unlimited_memory_store(), hook)
     events = RecordingInstrumentation()
 
     async def script(work: Work, token: ExecutionToken) -> Outcome:
@@ -398,8 +361,8 @@ async def test_a_following_attempt_whose_commit_is_in_flight_keeps_its_exact_lea
         instrumentation=events,
     )
     await nursery.start(runner.run)
-    await create(store, runner, "asks")
-    await create(store, runner, "other")
+    await create_job(store, runner, "asks")
+    await create_job(store, runner, "other")
     await trio.sleep_until(4.75)
     await wait_stops(events, "other")
     assert [(at, store.ids(n)) for n, (at, _, _) in enumerate(store.batches)][:4] == [
@@ -424,7 +387,7 @@ async def test_a_runner_dying_with_hundreds_of_running_tasks_hands_them_all_over
     takes its tasks before the owner lease lapses, then a recovering runner adopts every one
     at generation 2 and completes it exactly once."""
     count = 300
-    memory = memory_store()
+    memory = unlimited_memory_store()
     dying = OwnerHookedStore(memory)
     attempts: dict[str, list[int]] = {}
 
@@ -452,7 +415,7 @@ async def test_a_runner_dying_with_hundreds_of_running_tasks_hands_them_all_over
     kill_a: trio.CancelScope = await nursery.start(host)
     ids = [f"task-{n:03}" for n in range(count)]
     for task_id in ids:
-        await create(dying, runner_a, task_id)
+        await create_job(dying, runner_a, task_id)
     await trio.sleep_until(2.5)  # renewed at 1 s and 2 s: the owner lease ends at 5 s
     assert [len(leases) for _, leases, _ in dying.batches] == [count, count]
     dying.dead = True

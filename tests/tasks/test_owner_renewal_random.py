@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from helpers import ScriptedExecutor
-from test_owner_renewal import DONE, OwnerHookedStore, create, memory_store, status_of
+from helpers import DONE, ScriptedExecutor, create_job, status_of, unlimited_memory_store
+from test_owner_renewal import OwnerHookedStore
 
 from tritask.tasks import instrumentation as ins
 from tritask.tasks.executor import Completed, ExecutionToken, Outcome
@@ -45,7 +45,7 @@ async def test_random_interleavings_lose_no_lease(
         elif op in ("transition", "release", "worker_snapshot", "renew") and rng.random() < 0.3:
             await trio.sleep(rng.uniform(0, 0.4))
 
-    store = OwnerHookedStore(memory_store(), hook)
+    store = OwnerHookedStore(unlimited_memory_store(), hook)
     events = RecordingInstrumentation()
 
     async def body(value: int, pause: float) -> int:
@@ -79,7 +79,7 @@ async def test_random_interleavings_lose_no_lease(
     await nursery.start(runner.run)
     ids = [f"t{n:02}" for n in range(30)]
     for task_id in ids:
-        await create(store, runner, task_id)
+        await create_job(store, runner, task_id)
         await trio.sleep(rng.uniform(0, 0.4))
     await trio.sleep(600)  # virtual time: far past the last task's end
     for task_id in ids:
