@@ -120,6 +120,20 @@ class ManualClock:
         self._now += ms * 1000
 
 
+@attrs.frozen
+class _MixedBatch:
+    """What ``StoreContract._mixed_batch`` set up: the batch, and the live claims beside it."""
+
+    batch: list[Lease]
+    first: Lease
+    second: Lease
+    third: Lease
+    fourth: Lease
+    foreign: Lease
+    sixth: Lease
+    elsewhere: Lease
+
+
 def tenant(name: str) -> dict[str, str]:
     """A request context for the suite's scope function."""
     return {"tenant": name}
@@ -1451,40 +1465,49 @@ class StoreContract:
             pytest.skip("the store does not offer renew_all")
         return store
 
+    async def _mixed_batch(self, store: Store, other: Store) -> _MixedBatch:
+        """Six tasks claimed by ``owner-1`` on ``store`` (task-5 by ``owner-2``, task-6 at
+        revision 1), task-1 claimed on ``other`` too, 10 s later; the batch of renewals that
+        the renewal tests send then, with one stale variant of each kind."""
+        for n in range(1, 7):
+            await self.create(store, f"task-{n}")
+        await self.create(other, "task-1")
+        first = await self.claimed(store, "task-1")
+        old_generation = await self.claimed(store, "task-2")
+        await store.release(old_generation)
+        second = await self.claimed(store, "task-2")  # generation 2: the old value is stale
+        old_token = await self.claimed(store, "task-3")
+        third = await store.renew(old_token, LEASE_MS)
+        fourth = await self.claimed(store, "task-4")
+        foreign = await self.claimed(store, "task-5", owner="owner-2")
+        sixth = await self.claimed(store, "task-6")
+        elsewhere = await self.claimed(other, "task-1")
+        await self.applied(
+            store, "task-6", 0, Event.input_requested("a", ASK), WorkerAuthority(sixth)
+        )
+        await self.advance(10_000)
+        batch = [
+            first,
+            old_generation,
+            old_token,
+            attrs.evolve(fourth, token="forged"),
+            attrs.evolve(fourth, generation=fourth.generation + 1),
+            attrs.evolve(fourth, expires_at=fourth.expires_at + 1000),
+            foreign,
+            elsewhere,
+            sixth,
+            first,  # a repeat: stale once the first one renewed the task
+        ]
+        return _MixedBatch(batch, first, second, third, fourth, foreign, sixth, elsewhere)
+
     async def test_renew_all_renews_live_leases_and_refuses_each_stale_one_alone(self) -> None:
         """Fencing stays exact per lease: a stale generation, token, owner or store in the batch
         is lost for that lease alone, the others are renewed at one instant."""
         async with self.store() as store, self.store() as other:
             renewer = self.batch_renewer(store)
-            for n in range(1, 7):
-                await self.create(store, f"task-{n}")
-            await self.create(other, "task-1")
-            first = await self.claimed(store, "task-1")
-            old_generation = await self.claimed(store, "task-2")
-            await store.release(old_generation)
-            second = await self.claimed(store, "task-2")  # generation 2: the old value is stale
-            old_token = await self.claimed(store, "task-3")
-            third = await store.renew(old_token, LEASE_MS)
-            fourth = await self.claimed(store, "task-4")
-            foreign = await self.claimed(store, "task-5", owner="owner-2")
-            sixth = await self.claimed(store, "task-6")
-            elsewhere = await self.claimed(other, "task-1")
-            await self.applied(
-                store, "task-6", 0, Event.input_requested("a", ASK), WorkerAuthority(sixth)
-            )
-            await self.advance(10_000)
-            batch = [
-                first,
-                old_generation,
-                old_token,
-                attrs.evolve(fourth, token="forged"),
-                attrs.evolve(fourth, generation=fourth.generation + 1),
-                attrs.evolve(fourth, expires_at=fourth.expires_at + 1000),
-                foreign,
-                elsewhere,
-                sixth,
-                first,  # a repeat: stale once the first one renewed the task
-            ]
+            mixed = await self._mixed_batch(store, other)
+            batch, first, sixth, elsewhere = mixed.batch, mixed.first, mixed.sixth, mixed.elsewhere
+            second, third, fourth, foreign = mixed.second, mixed.third, mixed.fourth, mixed.foreign
             results = await renewer.renew_all("owner-1", batch, LEASE_MS)
             assert [type(r) if r is not LEASE_LOST else r for r in results] == [
                 Renewed,
@@ -1739,35 +1762,9 @@ class StoreContract:
         moved past the revision given. Each renewed claim is its held lease at that expiry."""
         async with self.store() as store, self.store() as other:
             renewer = self.owner_renewer(store)
-            for n in range(1, 7):
-                await self.create(store, f"task-{n}")
-            await self.create(other, "task-1")
-            first = await self.claimed(store, "task-1")
-            old_generation = await self.claimed(store, "task-2")
-            await store.release(old_generation)
-            second = await self.claimed(store, "task-2")
-            old_token = await self.claimed(store, "task-3")
-            third = await store.renew(old_token, LEASE_MS)
-            fourth = await self.claimed(store, "task-4")
-            foreign = await self.claimed(store, "task-5", owner="owner-2")
-            sixth = await self.claimed(store, "task-6")
-            elsewhere = await self.claimed(other, "task-1")
-            await self.applied(
-                store, "task-6", 0, Event.input_requested("a", ASK), WorkerAuthority(sixth)
-            )
-            await self.advance(10_000)
-            batch = [
-                first,
-                old_generation,
-                old_token,
-                attrs.evolve(fourth, token="forged"),
-                attrs.evolve(fourth, generation=fourth.generation + 1),
-                attrs.evolve(fourth, expires_at=fourth.expires_at + 1000),
-                foreign,
-                elsewhere,
-                sixth,
-                first,  # a repeat: lost once the first one renewed the task
-            ]
+            mixed = await self._mixed_batch(store, other)
+            batch, first, sixth, elsewhere = mixed.batch, mixed.first, mixed.sixth, mixed.elsewhere
+            second, third, fourth, foreign = mixed.second, mixed.third, mixed.fourth, mixed.foreign
             answer = await renewer.renew_owner("owner-1", batch, [0] * 10, None, LEASE_MS)
             expiry = START + 10_000_000 + LEASE_MS * 1000
             assert answer == OwnerRenewal(expiry, (1, 2, 3, 4, 5, 6, 7, 9), (8,))
