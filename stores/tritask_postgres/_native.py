@@ -14,9 +14,10 @@ TLS, multiple hosts) and it stays usable by psycopg code in a worker thread betw
 
 * :class:`Statement`: SQL with psycopg's ``%(name)s`` placeholders, turned into ``$n`` once.
   Each connection prepares it on first use, as a named statement.
-* Parameters sent as text: ``str``, ``int``, ``bool``, ``None`` and lists of ``str`` (a
-  ``text[]`` literal). Every placeholder's type comes from an explicit cast or from its context
-  in the SQL. Text containing NUL is refused, as psycopg refuses it: libpq would cut it there.
+* Parameters sent as text: ``str``, ``int``, ``bool``, ``None`` and lists of ``str``, ``int``
+  and ``None`` (a ``text[]`` literal). Every placeholder's type comes from an explicit cast or
+  from its context in the SQL. Text containing NUL is refused, as psycopg refuses it: libpq
+  would cut it there.
 * Result columns loaded by type: integers, booleans and text-like types (``text``, ``json``,
   ``uuid``, ...). Any other type is a programming error and raises ``TypeError``.
 * Errors raised as psycopg raises them (the same classes, with ``diag``), so callers catch
@@ -106,14 +107,21 @@ def _dump(value: object) -> bytes | None:
 
 
 def _text_array(values: Sequence[object]) -> bytes:
-    """A ``text[]`` literal: every element quoted, backslashes and quotes escaped."""
+    """A ``text[]`` literal: every string quoted, backslashes and quotes escaped; ``None`` is a
+    NULL element and an ``int`` its digits (cast on the server, e.g. ``::text[]::bigint[]``),
+    so a batch's rows go as one array per column."""
     items = []
     for value in values:
-        if not isinstance(value, str):
-            raise TypeError("array parameters hold strings only")
-        if "\x00" in value:
-            raise psycopg.DataError(_NUL_MESSAGE)
-        items.append('"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"')
+        if isinstance(value, str):
+            if "\x00" in value:
+                raise psycopg.DataError(_NUL_MESSAGE)
+            items.append('"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"')
+        elif value is None:
+            items.append("NULL")
+        elif isinstance(value, int) and not isinstance(value, bool):
+            items.append(int.__repr__(value))
+        else:
+            raise TypeError("array parameters hold strings, ints and None only")
     return ("{" + ",".join(items) + "}").encode("utf-8")
 
 

@@ -246,6 +246,36 @@ def _inserted(result: Result, task_id: str, stamp: bool) -> tuple[str, int, int 
     return stored, int(created_at), None if expires_at is None else int(expires_at)
 
 
+def _many(items: Sequence[Item], result: Result) -> list[tuple[Item, outcome.Outcome[Any]]]:
+    """The outcomes of a batch's stamped creations from their ``insert_many`` result: a row
+    per inserted task after the clock; a creation without one was not inserted. An id twice
+    in the batch had one row: the first creation of it gets the row, the next one finds it
+    exists, as it would coming after it."""
+    rows = result.rows
+    now = rows[0][0]
+    found = {row[1]: row for row in rows if row[1] is not None}
+    outcomes: list[tuple[Item, outcome.Outcome[Any]]] = []
+    for item in items:
+        task_id = item.payload.task_id
+        row = found.pop(task_id, None)
+        if row is not None:
+            _, _, created_at, expires_at, stored, _ = row
+            value = (stored, int(created_at), None if expires_at is None else int(expires_at))
+            outcomes.append((item, outcome.Value(value)))
+        elif not 0 <= now <= MAX_INSTANT:
+            error = InvalidTask("the store clock is outside the instants a task can hold")
+            outcomes.append((item, outcome.Error(error)))
+        else:
+            outcomes.append((item, outcome.Error(AlreadyExists(task_id))))
+    return outcomes
+
+
+def _one(item: Item, result: Result) -> list[tuple[Item, outcome.Outcome[Any]]]:
+    """The outcome of a creation inserted by its own statement."""
+    insert = item.payload
+    return [(item, outcome.capture(_inserted, result, insert.task_id, insert.stamp))]
+
+
 @attrs.frozen
 class _Insert:
     """A creation in a batch: its one statement. ``limited``: admitted by the batch under the
@@ -1396,33 +1426,49 @@ class PostgresStore:
         return result
 
     async def _run_batch(self, items: Sequence[Item]) -> None:
-        """One transaction on one connection for a batch, in two pipelined round trips.
+        """One transaction on one connection for a batch, in two pipelined round trips, with
+        one statement per kind of work, whatever the batch's size.
 
-        The first sends ``BEGIN``, every settle's row lock and reads (in task-id order, so two
-        batches never wait for each other's locks in opposite orders), every insertion without
-        limits and, when creations under limits are in the batch, the capacity lock and the
-        counts those creations need (``_admit``: one lock and one count for all of them instead
-        of one transaction each); then each settle is decided on its own rows (one that raises
-        wrote nothing) and each limited creation admitted or refused; the second sends the
-        admitted insertions, the settles' writes and the ``COMMIT``. Every item gets its
-        outcome only after the ``COMMIT`` returned. A statement error aborts the whole
-        transaction (nothing is committed): the items then run alone (``Item.fall_back``), so
-        the error reaches the operation it belongs to. A connection lost once the ``COMMIT``
-        was sent leaves its outcome unknown: every item gets that error.
+        The first round trip sends ``BEGIN``, one statement locking every settle's row (in
+        task-id order, so two batches never wait for each other's locks in opposite orders)
+        and one reading the clock and their ledger rows, the insertions without limits (the
+        stamped ones as one multi-row statement) and, when creations under limits are in the
+        batch, the capacity lock and the counts those creations need (``_admit``: one lock
+        and one count for all of them instead of one transaction each); then each settle is
+        decided on its own row (one that raises wrote nothing) and each limited creation
+        admitted or refused; the second sends the admitted insertions, the applied settles'
+        writes (one statement) and the ``COMMIT``. Each operation's outcome is its own row of
+        those statements (a creation whose id exists gets no row: ``AlreadyExists``), and
+        every item gets it only after the ``COMMIT`` returned. A second settle of a task
+        already in the batch is left out and runs alone after it, as if it came next. A
+        statement error aborts the whole transaction (nothing is committed): the items then
+        run alone (``Item.fall_back``), so the error reaches the operation it belongs to. A
+        connection lost once the ``COMMIT`` was sent leaves its outcome unknown: every item
+        gets that error.
         """
         pool, _ = self._opened()
-        settles = sorted(
-            (item for item in items if isinstance(item.payload, _Settle)),
-            key=lambda item: item.payload.task_id,
-        )
-        inserts = [item for item in items if isinstance(item.payload, _Insert)]
+        settles: list[Item] = []
+        inserts: list[Item] = []
+        settled: set[str] = set()
+        for item in items:
+            payload = item.payload
+            if isinstance(payload, _Settle):
+                if payload.task_id not in settled:
+                    settled.add(payload.task_id)
+                    settles.append(item)
+            else:
+                inserts.append(item)
+        settles.sort(key=lambda item: item.payload.task_id)
         free = [item for item in inserts if not item.payload.limited]
         limited = [item for item in inserts if item.payload.limited]
         reads: list[tuple[Statement, Mapping[str, object] | None]] = []
-        for item in settles:
-            settle = item.payload
-            reads.extend(self._transition_reads(settle.task_id, settle.event.id))
-        reads.extend((item.payload.stmt, item.payload.params) for item in free)
+        if settles:
+            ids = [item.payload.task_id for item in settles]
+            reads.append((self._q.lock_many, {"ids": ids}))
+            event_ids = [item.payload.event.id for item in settles]
+            reads.append((self._q.now_and_seen_many, self._params(ids=ids, event_ids=event_ids)))
+        free_calls = self._insert_calls(free)
+        reads.extend(call for call, _ in free_calls)
         if limited:
             counts = {
                 "lock_class": CAPACITY_LOCK_CLASS,
@@ -1434,48 +1480,28 @@ class PostgresStore:
             }
             reads.extend(((self._q.capacity_lock, counts), (self._q.batch_counts, counts)))
         decided: list[tuple[Item, outcome.Outcome[Any]]] = []
-        finals: list[tuple[Item, _Plan]] = []
-        admitted: list[Item] = []
+        writes: list[tuple[Item, _Plan]] = []
+        others: list[tuple[Item, _Plan]] = []
         try:
             async with pool.session() as session, session.transaction():
                 try:
                     results = await session.pipeline(*reads)
                 except _BATCH_ERRORS as exc:
                     raise _RolledBack from exc
-                for index, item in enumerate(settles):
-                    settle = item.payload
-                    try:
-                        plan = self._decide(
-                            settle.task_id,
-                            settle.expected_revision,
-                            settle.event,
-                            settle.event_json,
-                            WorkerAuthority(settle.lease),
-                            True,
-                            results[2 * index],
-                            results[2 * index + 1],
-                        )
-                    except Exception as exc:  # it wrote nothing: it fails alone
-                        decided.append((item, outcome.Error(exc)))
-                        continue
-                    if plan.final is None:
-                        decided.append((item, outcome.Value(plan.answer)))
-                    else:
-                        finals.append((item, plan))
-                first = 2 * len(settles)
-                for index, item in enumerate(free):
-                    insert = item.payload
-                    found: outcome.Outcome[Any] = outcome.capture(
-                        _inserted, results[first + index], insert.params["task_id"], insert.stamp
-                    )
-                    decided.append((item, found))
+                if settles:
+                    self._decide_settles(settles, results[0], results[1], decided, writes, others)
+                first = 2 if settles else 0
+                for index, (_, parse) in enumerate(free_calls):
+                    decided.extend(parse(results[first + index]))
+                admitted: list[Item] = []
                 if limited:
                     admitted, refused = self._admit(limited, results[-1])
                     decided.extend(refused)
-                calls: list[tuple[Statement, Mapping[str, object] | None]] = [
-                    (item.payload.stmt, item.payload.params) for item in admitted
-                ]
-                calls.extend(plan.final for _, plan in finals if plan.final is not None)
+                admitted_calls = self._insert_calls(admitted)
+                calls = [call for call, _ in admitted_calls]
+                if writes:
+                    calls.append(self._write_many_call(writes))
+                calls.extend(plan.final for _, plan in others if plan.final is not None)
                 try:
                     done = await session.pipeline(*calls, (COMMIT, None))
                 except psycopg.Error as exc:
@@ -1488,13 +1514,152 @@ class PostgresStore:
             for item in items:  # the COMMIT's outcome is unknown, as it would be alone
                 item.decide(outcome.Error(copy.copy(unknown.error)))
             return
-        for item, result in zip(admitted, done, strict=False):
-            insert = item.payload
-            item.decide(outcome.capture(_inserted, result, insert.task_id, insert.stamp))
-        for (item, plan), result in zip(finals, done[len(admitted) :], strict=False):
+        for index, (_, parse) in enumerate(admitted_calls):
+            for item, found in parse(done[index]):
+                item.decide(found)
+        at = len(admitted_calls)
+        if writes:
+            written = {row[0] for row in done[at].rows}
+            at += 1
+            for item, plan in writes:
+                ok = Result(rows=[(1 if item.payload.task_id in written else 0,)], rowcount=1)
+                item.decide(outcome.capture(plan.finish, ok))
+        for (item, plan), result in zip(others, done[at:], strict=False):
             item.decide(outcome.capture(plan.finish, result))
         for item, found in decided:
             item.decide(found)
+
+    def _decide_settles(
+        self,
+        settles: Sequence[Item],
+        locked: Result,
+        read: Result,
+        decided: list[tuple[Item, outcome.Outcome[Any]]],
+        writes: list[tuple[Item, _Plan]],
+        others: list[tuple[Item, _Plan]],
+    ) -> None:
+        """Each settle of a batch decided on its own locked row and ledger read (``locked``,
+        ``read``: the batch's two statements): an answer without a write, an applied event
+        (``writes``: written together) or another final statement (``others``)."""
+        rows = {values[0]: values for values in locked.rows}
+        seen = {values[1]: (values[0], *values[2:]) for values in read.rows}
+        for item in settles:
+            settle = item.payload
+            values = rows.get(settle.task_id)
+            try:
+                plan = self._decide(
+                    settle.task_id,
+                    settle.expected_revision,
+                    settle.event,
+                    settle.event_json,
+                    WorkerAuthority(settle.lease),
+                    True,
+                    Result(rows=[] if values is None else [values], rowcount=-1),
+                    Result(rows=[seen[settle.task_id]], rowcount=1),
+                )
+            except Exception as exc:  # it wrote nothing: it fails alone
+                decided.append((item, outcome.Error(exc)))
+                continue
+            if plan.final is None:
+                decided.append((item, outcome.Value(plan.answer)))
+            elif plan.written:
+                writes.append((item, plan))
+            else:
+                others.append((item, plan))
+
+    def _write_many_call(
+        self, writes: Sequence[tuple[Item, _Plan]]
+    ) -> tuple[Statement, Mapping[str, object]]:
+        """The applied settles' writes as one statement (``write_many``)."""
+        fields = [plan.final[1] for _, plan in writes if plan.final is not None]
+        n_ids: list[str] = []
+        n_channels: list[str | None] = []
+        n_payloads: list[str] = []
+        for field in fields:
+            for channel, payload in (
+                (field["channel"], field["payload"]),
+                (field["channel"], field["released"]),
+                (field["changes"], field["change"]),
+            ):
+                if payload is not None:
+                    n_ids.append(field["task_id"])
+                    n_channels.append(channel)
+                    n_payloads.append(payload)
+
+        def column(name: str) -> list[Any]:
+            return [field[name] for field in fields]
+
+        return (
+            self._q.write_many,
+            {
+                "ids": column("task_id"),
+                "expected": column("expected"),
+                "records": column("record"),
+                "revisions": column("revision"),
+                "statuses": column("status"),
+                "retry_ats": column("retry_at"),
+                "event_ids": column("event_id"),
+                "kinds": column("event_kind"),
+                "events": column("event"),
+                "committed": column("committed_at"),
+                "effects": column("effects"),
+                "n_ids": n_ids,
+                "n_channels": n_channels,
+                "n_payloads": n_payloads,
+            },
+        )
+
+    def _insert_calls(
+        self, items: Sequence[Item]
+    ) -> list[
+        tuple[
+            tuple[Statement, Mapping[str, object]],
+            Callable[[Result], list[tuple[Item, outcome.Outcome[Any]]]],
+        ]
+    ]:
+        """A batch's insertions as statements, each with what reads its items' outcomes from
+        its result: the stamped ones as one statement (``insert_many``), others one each."""
+        calls: list[
+            tuple[
+                tuple[Statement, Mapping[str, object]],
+                Callable[[Result], list[tuple[Item, outcome.Outcome[Any]]]],
+            ]
+        ] = []
+        stamped = [item for item in items if item.payload.stamp]
+        if stamped:
+            ids: set[str] = set()
+            rows = []
+            for item in stamped:  # an id twice: one row (``_many`` answers the second)
+                if item.payload.task_id not in ids:
+                    ids.add(item.payload.task_id)
+                    rows.append(item.payload.params)
+
+            def column(name: str) -> list[Any]:
+                return [row[name] for row in rows]
+
+            params = self._params(
+                ids=column("task_id"),
+                heads=column("head"),
+                middles=column("middle"),
+                tails=column("tail"),
+                scopes=column("scope"),
+                statuses=column("status"),
+                ttls=column("ttl_us"),
+                owners=column("owner"),
+                tokens=column("token"),
+                leases=column("lease_us"),
+                queued=column("queued"),
+                keys=column("key"),
+                limits=column("limit"),
+                payloads=column("payload"),
+                channel=self._channel,
+            )
+            calls.append(((self._q.insert_many, params), functools.partial(_many, stamped)))
+        for item in items:
+            if not item.payload.stamp:
+                insert = item.payload
+                calls.append(((insert.stmt, insert.params), functools.partial(_one, item)))
+        return calls
 
     def _admit(
         self, inserts: Sequence[Item], counted: Result
@@ -2008,6 +2173,80 @@ class _Queries:
 
         self.write = write(releasing=False)
         self.write_releasing = write(releasing=True)
+        # A batch's stamped creations in one statement (``PostgresStore._insert_calls``): one
+        # row per creation from one array per column, one clock for all, each row as
+        # ``insert_stamped`` writes it. Its answer: the clock, then one row per inserted task
+        # (none: the clock alone, with NULLs).
+        stamped = f"(b.head || {instant} || b.middle || {instant} || b.tail)::json"
+        self.insert_many = q(
+            "WITH n AS MATERIALIZED (SELECT {now} AS now),"
+            " b AS (SELECT * FROM unnest(%(ids)s::text[], %(heads)s::text[], %(middles)s::text[],"
+            " %(tails)s::text[], %(scopes)s::text[], %(statuses)s::text[],"
+            " %(ttls)s::text[]::numeric[], %(owners)s::text[], %(tokens)s::text[]::uuid[],"
+            " %(leases)s::text[]::numeric[], %(queued)s::text[], %(keys)s::text[],"
+            " %(limits)s::text[]::integer[], %(payloads)s::text[]) WITH ORDINALITY"
+            " AS b(task_id, head, middle, tail, scope, status, ttl_us, owner, token, lease_us,"
+            " queued, key, lim, payload, ord)),"
+            " i AS (INSERT INTO {t} (task_id, record, scope, revision, status, created_at_us,"
+            " expires_at_us, retry_at_us, claim_owner, claim_token, lease_generation,"
+            " claim_expires_at_us, queued_message, concurrency_key, concurrency_limit)"
+            f" SELECT b.task_id, {stamped}, b.scope, 0, b.status, n.now,"
+            " CASE WHEN b.ttl_us IS NULL THEN NULL"
+            f" ELSE LEAST(n.now::numeric + b.ttl_us, {_MAX_BIGINT})::bigint END,"
+            " NULL, b.owner, b.token, CASE WHEN b.owner IS NULL THEN 0 ELSE 1 END,"
+            " CASE WHEN b.owner IS NULL THEN NULL"
+            f" ELSE LEAST(n.now::numeric + b.lease_us, {_MAX_BIGINT})::bigint END,"
+            " b.queued, b.key, b.lim FROM b, n"
+            f" WHERE n.now BETWEEN 0 AND {MAX_INSTANT} ORDER BY b.ord"
+            " ON CONFLICT (task_id) DO NOTHING"
+            " RETURNING task_id, created_at_us, claim_expires_at_us, record::text),"
+            " nt AS (SELECT pg_notify(%(channel)s::text, b.payload) FROM b"
+            " WHERE b.payload IS NOT NULL AND b.task_id IN (SELECT task_id FROM i) ORDER BY b.ord)"
+            " SELECT n.now, i.task_id, i.created_at_us, i.claim_expires_at_us, i.record,"
+            " (SELECT count(*) FROM nt) FROM n LEFT JOIN i ON true"
+        )
+        # A batch's settles: every row locked by one statement, in task-id order (the sort is
+        # below the lock), then in a statement of its own (after every lock was granted) the
+        # clock and each settle's ledger row.
+        self.lock_many = q(
+            "SELECT " + cols + " FROM {t} t WHERE t.task_id = ANY(%(ids)s::text[])"
+            " ORDER BY t.task_id FOR UPDATE"
+        )
+        # (The lateral subquery, not pulled up because of its LIMIT, is one primary-key lookup
+        # per settle: a plain join was planned as a scan of the whole ledger for 30 ids.)
+        self.now_and_seen_many = q(
+            "SELECT n.now, b.task_id, e.event, e.event_revision, e.committed_at_us, e.effects"
+            " FROM (SELECT {now} AS now) n"
+            " CROSS JOIN unnest(%(ids)s::text[], %(event_ids)s::text[]) AS b(task_id, event_id)"
+            " LEFT JOIN LATERAL (SELECT l.event::text AS event, l.event_revision,"
+            " l.committed_at_us, l.effects::text AS effects FROM {e} l"
+            " WHERE l.task_id = b.task_id AND l.event_id = b.event_id LIMIT 1) e ON true"
+        )
+        # The applied settles of a batch in one statement: each row as ``write_releasing``
+        # writes it (guarded by its expected revision), its ledger row, its NOTIFYs in the
+        # batch's order; the answer names the tasks written.
+        self.write_many = q(
+            "WITH b AS (SELECT * FROM unnest(%(ids)s::text[], %(expected)s::text[]::bigint[],"
+            " %(records)s::text[], %(revisions)s::text[]::bigint[], %(statuses)s::text[],"
+            " %(retry_ats)s::text[]::bigint[], %(event_ids)s::text[], %(kinds)s::text[],"
+            " %(events)s::text[], %(committed)s::text[]::bigint[], %(effects)s::text[])"
+            " AS b(task_id, expected, record, revision, status, retry_at, event_id, event_kind,"
+            " event, committed_at, effects)),"
+            " u AS (UPDATE {t} t SET record = b.record::json, revision = b.revision,"
+            " status = b.status, retry_at_us = b.retry_at, claim_owner = NULL,"
+            " claim_token = NULL, claim_expires_at_us = NULL, updated_at = clock_timestamp()"
+            " FROM b WHERE t.task_id = b.task_id AND t.revision = b.expected"
+            " RETURNING t.task_id),"
+            " i AS (INSERT INTO {e} (task_id, event_id, event_kind, event, event_revision,"
+            " committed_at_us, effects) SELECT b.task_id, b.event_id, b.event_kind,"
+            " b.event::json, b.revision, b.committed_at, b.effects::json"
+            " FROM b JOIN u ON u.task_id = b.task_id RETURNING task_id),"
+            " nt AS (SELECT pg_notify(p.channel, p.payload) FROM unnest(%(n_ids)s::text[],"
+            " %(n_channels)s::text[], %(n_payloads)s::text[]) WITH ORDINALITY"
+            " AS p(task_id, channel, payload, ord)"
+            " WHERE p.task_id IN (SELECT task_id FROM i) ORDER BY p.ord)"
+            " SELECT i.task_id, (SELECT count(*) FROM nt) FROM i"
+        )
         self.reap_select = q(
             "WITH n AS MATERIALIZED (SELECT {now} AS now)"
             " SELECT " + cols + " FROM {t} t, n WHERE t.expires_at_us <= n.now"

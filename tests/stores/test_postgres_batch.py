@@ -416,3 +416,56 @@ async def test_creations_under_limits_are_admitted_by_their_batch_as_one_at_a_ti
         stored = (await store.list_tasks(TaskQuery(limit=100))).tasks
         ids = {o.lease.task_id for o in found.values() if isinstance(o, Claimed)}
         assert sorted(t.snapshot.task.id for t in stored) == sorted({"existing", *ids})
+
+
+async def test_one_statement_per_kind_keeps_each_outcome_its_own(
+    pg_schemas: SchemaFactory,  # noqa: F811
+) -> None:
+    """A batch writes its creations and its applied settles with one statement each; every
+    caller still gets its own outcome: a settle sent twice at once applies once (the second
+    runs after the batch and replays as a duplicate), a stale revision is a conflict that
+    writes nothing, an id created twice at once is created once."""
+    schema = await pg_schemas.migrated()
+    async with unlimited(pg_schemas, schema) as store:
+        claimed = {f"s{n}": await create_claimed(store, f"s{n}") for n in range(8)}
+        assert store._batcher is not None
+        done = Event.completed(RESULT)
+        calls: dict[str, Any] = {
+            name: functools.partial(store.settle, name, 0, Event.completed(RESULT), claim.lease)
+            for name, claim in claimed.items()
+        }
+        calls["s1"] = functools.partial(store.settle, "s1", 0, done, claimed["s1"].lease)
+        calls["s1-again"] = functools.partial(store.settle, "s1", 0, done, claimed["s1"].lease)
+        calls["s2"] = functools.partial(
+            store.settle, "s2", 5, Event.completed(RESULT), claimed["s2"].lease
+        )
+        calls["twice-1"] = functools.partial(create_claimed, store, "twice")
+        calls["twice-2"] = functools.partial(create_claimed, store, "twice")
+        for n in range(6):
+            calls[f"c{n}"] = functools.partial(create_claimed, store, f"c{n}")
+        alone = store._batcher.alone
+        with trio.fail_after(GUARD):
+            found = await gather(calls)
+        # The second settle of s1 runs alone after its batch when both are in one batch.
+        assert store._batcher.alone - alone <= 1
+        ones = sorted(found[name].outcome for name in ("s1", "s1-again"))
+        assert ones == ["applied", "duplicate"]
+        assert found["s1"].event_revision == found["s1-again"].event_revision == 1
+        assert type(found["s2"]).__name__ == "Conflict"
+        for name in ("s0", *(f"s{n}" for n in range(3, 8))):
+            assert isinstance(found[name], Transition) and found[name].outcome == "applied"
+            inspection = await store.inspect_task(name)
+            assert inspection.task.snapshot.task.status.value == "completed"  # type: ignore[union-attr]
+            assert inspection.task.claim is None  # type: ignore[union-attr]
+            assert [entry.event.kind.value for entry in await store.history(name)] == ["completed"]
+        conflicted = await store.inspect_task("s2")
+        assert conflicted.task.snapshot.task.status.value == "working"  # type: ignore[union-attr]
+        assert await store.history("s2") == []
+        twice = sorted(type(found[name]).__name__ for name in ("twice-1", "twice-2"))
+        assert twice == ["AlreadyExists", "Claimed"]
+        for n in range(6):
+            made = found[f"c{n}"]
+            assert isinstance(made, Claimed)
+            inspection = await store.inspect_task(f"c{n}")
+            assert inspection.task.snapshot == made.snapshot  # type: ignore[union-attr]
+            assert inspection.task.claim is not None  # type: ignore[union-attr]

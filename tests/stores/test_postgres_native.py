@@ -139,6 +139,20 @@ def test_text_and_text_arrays_round_trip_exactly(
     trio.run(check)
 
 
+async def test_array_parameters_carry_nulls_and_ints(session: Session) -> None:
+    """A batch's columns: ``None`` is a NULL element, an int its digits (cast on the server)."""
+    got = await one(
+        session, "SELECT array_to_json(%(a)s::text[])::text", a=["x", None, 'q"\\', 7, -2]
+    )
+    assert json.loads(got) == ["x", None, 'q"\\', "7", "-2"]
+    total = await one(
+        session, "SELECT sum(v)::bigint FROM unnest(%(a)s::text[]::bigint[]) v", a=[2**62, None, -5]
+    )
+    assert total == 2**62 - 5
+    with pytest.raises(TypeError, match="strings, ints and None"):
+        await session.execute(statement("SELECT %(a)s::text[]"), {"a": [True]})
+
+
 async def test_bad_parameters_are_refused_before_sending(session: Session) -> None:
     with pytest.raises(psycopg.DataError, match="NUL"):
         await session.execute(statement("SELECT %(t)s::text"), {"t": "a\x00b"})
