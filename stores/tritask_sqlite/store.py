@@ -93,9 +93,10 @@ from tritask.tasks.model import (
     TaskStatus,
     clone_snapshot,
     initial_snapshot,
+    record_text,
     revise,
     snapshot_from_json,
-    snapshot_to_json,
+    snapshot_json_view,
 )
 from tritask.tasks.model import record_version as snapshot_record_version
 from tritask.tasks.reducer import apply
@@ -376,11 +377,11 @@ def _record_text(value: object) -> str:
 
 
 def _new_record(task: Task, work: Work) -> tuple[Snapshot, JSONObject]:
-    """The revision-0 record of a new task and its JSON (:class:`InvalidTask` when it is not
-    one)."""
+    """The revision-0 record of a new task and a view of its JSON (sharing the snapshot's: read
+    it, never mutate it; :class:`InvalidTask` when it is not one)."""
     try:
         snapshot = initial_snapshot(task, work)
-        return snapshot, snapshot_to_json(snapshot)
+        return snapshot, snapshot_json_view(snapshot)
     except (TypeError, ValueError) as exc:
         raise InvalidTask(str(exc)) from exc
 
@@ -388,7 +389,7 @@ def _new_record(task: Task, work: Work) -> tuple[Snapshot, JSONObject]:
 def _event_texts(event: Event) -> tuple[str, str]:
     """An event's canonical JSON (what replays compare) and its stored text, computed before
     the operation is queued."""
-    document = event.to_json()
+    document = event.json_view()
     return canonical_json(document), _record_text(document)
 
 
@@ -1053,7 +1054,7 @@ class SqliteStore:
         return _Planned(
             row=recent.row,
             lease=lease,
-            record=_record_text(snapshot_to_json(new)),
+            record=record_text(new),
             effects=_record_text(effects_to_json(result.effects)),
             transition=Transition(
                 outcome="applied",
@@ -1103,7 +1104,7 @@ class SqliteStore:
             queued_snapshot = revise(
                 snapshot, task=revise(snapshot.task, status_message=QUEUED_MESSAGE)
             )
-            queued_document = snapshot_to_json(queued_snapshot)
+            queued_document = snapshot_json_view(queued_snapshot)
         # Which records the body may write: the task as given (claimed), queued, or either.
         decide = queue and claim is not None and concurrency is not None
         claimed_text = None if queue and claim is None else self._prepared(document, stamp, token)
@@ -1327,7 +1328,7 @@ class SqliteStore:
             "UPDATE tritask_tasks SET record = ?, queued_message = NULL, claim_owner = ?,"
             " claim_token = ?, lease_generation = ?, claim_expires_at_us = ?, claim_epoch = ?,"
             " claim_follows = 0 WHERE task_id = ?",
-            (_record_text(snapshot_to_json(snapshot)), *claim),
+            (record_text(snapshot), *claim),
         )
         return Claimed(snapshot, lease)
 
@@ -1710,7 +1711,7 @@ class SqliteStore:
         check_transition_arguments(expected_revision, event, "settle")
         if event.kind not in SETTLE_KINDS:
             raise UnauthorizedAction(f"settle cannot apply {event.kind.value}")
-        document = event.to_json()
+        document = event.json_view()  # read at once, never kept (canonical_json copies)
         event_text = _record_text(document)  # the ledger row's text, on either path
         planned = self._plan_settle(task_id, expected_revision, event, lease)
         keyed = planned is not None and planned.row[_KEY_COLUMN] is not None
@@ -1903,7 +1904,7 @@ class SqliteStore:
             _WRITE_RELEASING if release else _WRITE,
             (
                 snapshot_record_version(new),
-                _record_text(snapshot_to_json(new)),
+                record_text(new),
                 new.revision,
                 new.task.status.value,
                 new.available_at,
@@ -1918,7 +1919,7 @@ class SqliteStore:
             (
                 task_id,
                 event.id,
-                _record_text(event.to_json()) if event_text is None else event_text,
+                _record_text(event.json_view()) if event_text is None else event_text,
                 event.kind.value,
                 new.revision,
                 committed_at,

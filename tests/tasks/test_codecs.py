@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tritask.jsonrpc import loads
 from tritask.tasks.events import (
     MAX_FINGERPRINT_CHARS,
     MAX_STEP_KEY_CHARS,
@@ -38,7 +39,9 @@ from tritask.tasks.model import (
     detailed_task,
     initial_snapshot,
     new_task,
+    record_text,
     snapshot_from_json,
+    snapshot_json_view,
     snapshot_to_json,
     task_wire_base,
 )
@@ -53,6 +56,7 @@ from tritask.tasks.work import (
     Work,
     canonical_json,
     ensure_json,
+    stored_text,
 )
 
 HARDENING = pytest.mark.contract("tasks-store-hardening")
@@ -662,6 +666,74 @@ def test_snapshot_round_trip(snapshot: Snapshot) -> None:
     assert (doc["version"], len(doc)) == ((4, 11) if uses_steps else (3, 9))
     assert len(doc["task"]) == 11
     assert snapshot_from_json(doc) == snapshot
+
+
+# What orjson cannot write (an integer beyond 64 bits, a lone surrogate) and what it writes
+# differently from the standard library (exponents, non-ASCII text): stored_text falls back.
+wide_scalars = (
+    scalars
+    | st.integers(min_value=-(2**80), max_value=2**80)
+    | st.sampled_from([2**64, -(2**63) - 1, 1e16, -0.0, 5e-324, 1.7976931348623157e308])
+    | st.text(alphabet=st.characters(blacklist_categories=()), max_size=4)
+)
+wide_json = st.recursive(
+    wide_scalars,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+wide_objects = st.dictionaries(st.text(max_size=5), wide_json, max_size=4)
+
+
+@st.composite
+def wide_snapshots(draw: st.DrawFn) -> Snapshot:
+    """Reachable records with any work (versions 2 to 5) and any JSON in it and in the result."""
+    snapshot = draw(snapshots())
+    base = snapshot.work
+    assert base is not None
+    work = draw(works)
+    work = attrs.evolve(
+        work,
+        idempotency_key=snapshot.task.id,
+        input=draw(wide_objects),
+        retry_policy=base.retry_policy,  # the retry count is within it
+        origin=None
+        if work.origin is None
+        else Origin(
+            protocol_version=work.origin.protocol_version,
+            client_capabilities=draw(wide_objects),
+            client_info=draw(st.none() | wide_objects),
+        ),
+    )
+    snapshot = attrs.evolve(snapshot, work=work)
+    if not snapshot.task.status.is_terminal and draw(st.booleans()):
+        now = snapshot.task.last_updated_at + 1000
+        snapshot = apply(snapshot, Event.completed(draw(wide_objects)), now).snapshot
+    return snapshot
+
+
+@DESCRIPTOR
+@settings(max_examples=300)
+@given(wide_snapshots())
+def test_record_text_is_the_stored_text_of_the_record(snapshot: Snapshot) -> None:
+    """The stores' encoding without copies (views sharing the snapshot's JSON) writes exactly
+    the text of the copied document, which decodes to exactly the same value and snapshot."""
+    copied = snapshot_to_json(snapshot)
+    assert snapshot_json_view(snapshot) == copied
+    assert snapshot.work is None or snapshot.work.json_view() == snapshot.work.to_json()
+    text = record_text(snapshot)
+    assert text == stored_text(copied)
+    reference = json.dumps(copied, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    assert canonical_json(loads(text)) == canonical_json(json.loads(reference))
+    assert snapshot_from_json(loads(text)) == snapshot
+
+
+@given(events(names), wide_objects)
+def test_event_json_view_is_its_json(event: Event, data: dict[str, Any]) -> None:
+    assert event.json_view() == event.to_json()
+    wide = Event.completed(data, id=event.id)
+    assert stored_text(wide.json_view()) == stored_text(wide.to_json())
 
 
 @DESCRIPTOR

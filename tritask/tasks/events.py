@@ -304,6 +304,11 @@ class Event:
             "data": ensure_json(self.data),
         }
 
+    def json_view(self) -> JSONObject:
+        """:meth:`to_json` sharing the event's data instead of copying it: the same value, for
+        an encoder to read at once (a store writing its ledger), never to keep or mutate."""
+        return {"version": 1, "id": self.id, "kind": self.kind.value, "data": self.data}
+
     @classmethod
     def from_json(cls, doc: object) -> Event:
         fields = expect_keys(doc, ("version", "id", "kind", "data"), "event")

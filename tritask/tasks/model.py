@@ -23,6 +23,7 @@ from tritask.tasks.work import (
     ensure_json,
     ensure_json_object,
     expect_keys,
+    stored_text,
 )
 
 __all__ = [
@@ -41,9 +42,11 @@ __all__ = [
     "new_task",
     "owned_task",
     "owned_work",
+    "record_text",
     "record_version",
     "revise",
     "snapshot_from_json",
+    "snapshot_json_view",
     "snapshot_to_json",
     "step_wake_at",
     "task_wire_base",
@@ -601,7 +604,7 @@ _TASK_KEYS = (
 )
 
 
-def _task_to_json(task: Task) -> JSONObject:
+def _task_to_json(task: Task, json: Callable[[Any], Any]) -> JSONObject:
     return {
         "id": task.id,
         "status": task.status.value,
@@ -610,9 +613,9 @@ def _task_to_json(task: Task) -> JSONObject:
         "lastUpdatedAt": format_instant(task.last_updated_at),
         "ttlMs": task.ttl_ms,
         "pollIntervalMs": task.poll_interval_ms,
-        "inputRequests": ensure_json(task.input_requests),
-        "result": ensure_json(task.result),
-        "error": ensure_json(task.error),
+        "inputRequests": json(task.input_requests),
+        "result": json(task.result),
+        "error": json(task.error),
         "usedInputKeys": sorted(task.used_input_keys),
     }
 
@@ -626,20 +629,44 @@ def snapshot_to_json(snapshot: Snapshot) -> JSONObject:
     """The persisted form, instants as ISO text, the task with exactly 11 keys: v3 (9 keys)
     for a task without steps or suspension, exactly as before steps existed (so older code
     still reads it), else v4 (11 keys: ``steps`` and ``suspended``)."""
+    return _snapshot_document(snapshot, ensure_json, share=False)
+
+
+def snapshot_json_view(snapshot: Snapshot) -> JSONObject:
+    """:func:`snapshot_to_json` sharing the snapshot's JSON instead of copying it: an equal
+    value, for an encoder to read at once (a store writing its record: the copies were most
+    of the cost of encoding one), never to keep, mutate or hand out."""
+    return _snapshot_document(snapshot, _shared, share=True)
+
+
+def record_text(snapshot: Snapshot) -> str:
+    """The stored text of a snapshot's record: ``stored_text(snapshot_to_json(snapshot))``,
+    the same text, without copying its JSON first."""
+    return stored_text(_snapshot_document(snapshot, _shared, share=True))
+
+
+def _shared(value: Any) -> Any:
+    return value
+
+
+def _snapshot_document(
+    snapshot: Snapshot, json: Callable[[Any], Any], *, share: bool
+) -> JSONObject:
+    work = snapshot.work
     doc: JSONObject = {
         "version": 3,
         "revision": snapshot.revision,
-        "task": _task_to_json(snapshot.task),
-        "work": None if snapshot.work is None else snapshot.work.to_json(),
+        "task": _task_to_json(snapshot.task, json),
+        "work": None if work is None else work.json_view() if share else work.to_json(),
         "retryCount": snapshot.retry_count,
         "retryAt": None if snapshot.retry_at is None else format_instant(snapshot.retry_at),
-        "lastFailure": ensure_json(snapshot.last_failure),
-        "inputHistory": ensure_json(snapshot.input_history),
-        "acceptedInputResponses": ensure_json(snapshot.accepted_input_responses),
+        "lastFailure": json(snapshot.last_failure),
+        "inputHistory": json(snapshot.input_history),
+        "acceptedInputResponses": json(snapshot.accepted_input_responses),
     }
     if record_version(snapshot) == 4:
         doc["version"] = 4
-        doc["steps"] = ensure_json(snapshot.steps)
+        doc["steps"] = json(snapshot.steps)
         until = snapshot.suspended_until
         doc["suspended"] = (
             None

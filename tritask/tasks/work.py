@@ -475,6 +475,15 @@ class Origin:
             "clientInfo": self.client_info,
         }
 
+    def json_view(self) -> JSONObject:
+        """:meth:`to_json` sharing this origin's JSON instead of copying it: for an encoder to
+        read at once (a store writing its record), never to keep, mutate or hand out."""
+        return {
+            "protocolVersion": self.protocol_version,
+            "clientCapabilities": self._capabilities,
+            "clientInfo": self._client_info,
+        }
+
     @classmethod
     def from_json(cls, doc: object) -> Origin:
         fields = expect_keys(doc, ("protocolVersion", "clientCapabilities", "clientInfo"), "origin")
@@ -549,11 +558,21 @@ class Work:
         )
 
     def to_json(self) -> JSONObject:
+        return self._document(ensure_json(self.input), share=False)
+
+    def json_view(self) -> JSONObject:
+        """:meth:`to_json` sharing this work's JSON (its input, its origin's) instead of
+        copying it: the same value, for an encoder to read at once (a store writing its
+        record), never to keep, mutate or hand out. The work is a value, so the view is too
+        for as long as it is read."""
+        return self._document(self.input, share=True)
+
+    def _document(self, work_input: JSONObject, *, share: bool) -> JSONObject:
         doc: JSONObject = {
             "version": 2,
             "idempotencyKey": self.idempotency_key,
             "type": self.type,
-            "input": ensure_json(self.input),
+            "input": work_input,
             "retryPolicy": self.retry_policy.to_json(),
         }
         trace = self.trace_context
@@ -561,7 +580,7 @@ class Work:
             doc["version"] = 5
             doc["traceContext"] = None if trace is None else trace.to_json()
             doc["tool"] = self.tool
-            doc["origin"] = self.origin.to_json()
+            doc["origin"] = self.origin.json_view() if share else self.origin.to_json()
         elif self.tool is not None:
             doc["version"] = 4
             doc["traceContext"] = None if trace is None else trace.to_json()
