@@ -325,11 +325,10 @@ class _Row:
 @attrs.frozen
 class _Insert:
     """A prepared insertion: ``body`` (returns the creation instant, the claim if any, and the
-    row exactly as inserted), whether it is a single statement, and the snapshot for a creation
-    instant."""
+    row exactly as inserted; one writing statement, see ``SqliteStore._inserter``), and the
+    snapshot for a creation instant."""
 
     body: Callable[[sqlite3.Connection, int], tuple[int, Lease | None, tuple[object, ...]]]
-    single: bool
     snapshot: Callable[[int, bool], Snapshot]
     """The stored snapshot, given the creation instant and whether it was claimed."""
 
@@ -953,7 +952,7 @@ class SqliteStore:
 
     async def create(self, task: Task, work: Work, access: Access) -> Snapshot:
         insert = self._inserter(task, work, access)
-        created_at, _, _ = await self._transact(insert.body, write=True, single=insert.single)
+        created_at, _, _ = await self._transact(insert.body, write=True, single=True)
         return insert.snapshot(created_at, False)
 
     async def create_claimed(
@@ -974,7 +973,7 @@ class SqliteStore:
     ) -> Claimed:
         claim = (check_owner(owner_id), check_positive_ms(lease_ms, "lease_ms"))
         insert = self._inserter(task, work, access, stamp=stamp, claim=claim)
-        created_at, lease, row = await self._transact(insert.body, write=True, single=insert.single)
+        created_at, lease, row = await self._transact(insert.body, write=True, single=True)
         assert lease is not None
         snapshot = insert.snapshot(created_at, True)
         self._remember(_Recent(row, clone_snapshot(snapshot), lease))
@@ -997,7 +996,7 @@ class SqliteStore:
         insert = self._inserter(
             task, work, access, stamp=True, claim=claim, queue=True, concurrency=concurrency
         )
-        created_at, lease, row = await self._transact(insert.body, write=True, single=insert.single)
+        created_at, lease, row = await self._transact(insert.body, write=True, single=True)
         snapshot = insert.snapshot(created_at, lease is not None)
         if lease is None:
             self._signal()
@@ -1083,8 +1082,12 @@ class SqliteStore:
         the prepared JSON and the row; the returned task is stamped the same way, afterwards.
         With ``queue`` (``submit``) a task that is not claimed is stored queued (its record
         says :data:`QUEUED_MESSAGE`), and a claim is made only if the ``concurrency`` key has
-        room and no claimable task of it waits (decided in the transaction). Without limits or
-        a key to check first it is a single statement (``single``).
+        room and no claimable task of it waits (decided in the transaction). It is always
+        ``single`` (atomic): the limits and the key are checked by reads, and the ``INSERT``
+        is its one writing statement, which SQLite undoes alone if it fails, so it needs no
+        savepoint of its own (a ``SAVEPOINT`` and a ``RELEASE`` were two more statements on
+        the database thread per creation). A write added to the checks must make it
+        non-``single`` again.
         """
         self._ensure_open()
         check_create_access(access, self._id, task)
@@ -1176,7 +1179,7 @@ class SqliteStore:
             task_at = revise(base.task, created_at=created_at, last_updated_at=created_at)
             return revise(base, task=task_at)
 
-        return _Insert(body=body, single=not limited and not decide, snapshot=stamped)
+        return _Insert(body=body, snapshot=stamped)
 
     @staticmethod
     def _prepared(document: JSONObject, stamp: bool, token: str) -> Callable[[int], str]:
