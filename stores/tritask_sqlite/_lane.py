@@ -65,7 +65,6 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Final, Literal, TypeVar, cast
 
-import attrs
 import outcome
 import trio
 
@@ -87,16 +86,26 @@ _State = Literal["queued", "running", "ran", "done", "withdrawn"]
 _SAVEPOINT: Final = "tritask_op"
 
 
-@attrs.define(eq=False)
 class _Op:
-    fn: Callable[[sqlite3.Connection], Any]
-    kind: Kind = "alone"
-    atomic: bool = False
-    state: _State = "queued"
-    result: outcome.Outcome[Any] | None = None
-    interrupted: bool = False
-    wake: trio.Event = attrs.field(factory=trio.Event)
-    committed: Callable[[Any], None] | None = None
+    """One queued operation (a plain slotted class: one is made per store call)."""
+
+    __slots__ = ("atomic", "committed", "fn", "interrupted", "kind", "result", "state", "wake")
+
+    def __init__(
+        self,
+        fn: Callable[[sqlite3.Connection], Any],
+        kind: Kind,
+        atomic: bool,
+        committed: Callable[[Any], None] | None,
+    ) -> None:
+        self.fn = fn
+        self.kind = kind
+        self.atomic = atomic
+        self.state: _State = "queued"
+        self.result: outcome.Outcome[Any] | None = None
+        self.interrupted = False
+        self.wake = trio.Event()
+        self.committed = committed
 
     def done(self) -> bool:
         return self.state == "done"
@@ -142,6 +151,7 @@ class Lane:
         self._arrived = threading.Condition(self._mutex)
         self._queue: collections.deque[_Op] = collections.deque()
         self._hopping = False  # a hop thread runs (it takes what is queued)
+        self._lingering = False  # the hop thread waits on ``_arrived`` for the next operation
         self._idle = trio.Event()
         self._idle.set()
         self._running: _Op | None = None
@@ -176,15 +186,15 @@ class Lane:
         caller was cancelled meanwhile); it must not raise or block.
         """
         await trio.lowlevel.checkpoint_if_cancelled()  # cancelled already: run nothing
-        op = _Op(fn, kind, atomic, committed=committed)
+        op = _Op(fn, kind, atomic, committed)
         with self._mutex:
             self._queue.append(op)
             start = not self._hopping
             if start:
                 self._hopping = True
                 self._idle = trio.Event()
-            else:
-                self._arrived.notify()
+            elif self._lingering:
+                self._arrived.notify()  # only a lingering hop waits for it
         if start:
             token = trio.lowlevel.current_trio_token()
             trio.lowlevel.start_thread_soon(
@@ -234,7 +244,9 @@ class Lane:
             while True:
                 with self._mutex:
                     if not self._queue:
+                        self._lingering = True
                         self._arrived.wait(self._linger)
+                        self._lingering = False
                     if not self._queue:
                         self._hopping = False
                         idle = self._idle
@@ -415,7 +427,11 @@ def _execute(conn: sqlite3.Connection, sql: str) -> None:
 
 
 def _capture(fn: Callable[..., Any], *args: Any) -> outcome.Outcome[Any]:
-    return cast("outcome.Outcome[Any]", outcome.capture(fn, *args))
+    """``outcome.capture``, one frame less per statement the lane runs."""
+    try:
+        return outcome.Value(fn(*args))
+    except BaseException as exc:
+        return outcome.Error(exc)
 
 
 def _own_error(failure: outcome.Outcome[Any] | None) -> outcome.Outcome[Any]:

@@ -432,6 +432,18 @@ def _expired(snapshot: Snapshot, now: int) -> bool:
     return expires_at is not None and now >= expires_at
 
 
+#: The version and variant bits of a version 4 UUID (RFC 9562), as ``uuid.UUID`` sets them.
+_UUID4_CLEAR: Final = ~((0xF000 << 64) | (0xC000 << 48))
+_UUID4_SET: Final = (4 << 76) | (0x8000 << 48)
+
+
+def _uuid4_text(bits: int) -> str:
+    """``str(uuid.UUID(int=bits, version=4))`` without building the ``UUID`` (its checks cost
+    more than the formatting, once per new task)."""
+    text = f"{bits & _UUID4_CLEAR | _UUID4_SET:032x}"
+    return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
+
+
 def _host_clock() -> int:
     """The host's real-time clock in µs at millisecond resolution: exactly what SQLite's own
     ``'now'`` reads on POSIX (``gettimeofday``, truncated to the millisecond), without a
@@ -806,7 +818,8 @@ class SqliteStore:
         self, body: Callable[[sqlite3.Connection, int], T], conn: sqlite3.Connection
     ) -> T:
         """In the worker thread, inside the batch's transaction: ``body`` at the clock's now."""
-        return body(conn, self._read_clock(conn))
+        clock = self._clock
+        return body(conn, _host_clock() if clock is None else _instant(clock()))
 
     def _read_clock(self, conn: sqlite3.Connection | None = None) -> int:
         if self._clock is not None:
@@ -1097,7 +1110,7 @@ class SqliteStore:
         ttl_us = None if task.ttl_ms is None else task.ttl_ms * 1000
         # Drawn here: in the worker thread its system call would hand the GIL away in the
         # middle of the serialised section.
-        token = str(uuid.UUID(int=self._tokens.getrandbits(128), version=4))
+        token = _uuid4_text(self._tokens.getrandbits(128))
         key = None if concurrency is None else concurrency.key
         limit = None if concurrency is None else concurrency.limit
         start_message = _record_text(task.status_message)
@@ -1202,7 +1215,7 @@ class SqliteStore:
         def render(now: int) -> str:
             instant = format_instant(now)
             if len(pieces) == 3:
-                quoted = _record_text(instant)
+                quoted = f'"{instant}"'  # ASCII digits and "-:.TZ": its JSON string as is
                 return f"{pieces[0]}{quoted}{pieces[1]}{quoted}{pieces[2]}"
             task = {**record_task, "createdAt": instant, "lastUpdatedAt": instant}
             return _record_text({**document, "task": task})

@@ -24,6 +24,8 @@ from typing import Any
 import attrs
 import pytest
 import trio
+from hypothesis import example, given
+from hypothesis import strategies as st
 from tritask_sqlite import (
     SCHEMA_VERSION,
     LedgerEntry,
@@ -33,6 +35,7 @@ from tritask_sqlite import (
     path_from_url,
 )
 from tritask_sqlite.schema import APPLICATION_ID, migrations
+from tritask_sqlite.store import _uuid4_text
 
 from tritask.tasks.events import Effects, Event, RetryEffect
 from tritask.tasks.model import Snapshot, TaskStatus, new_task, snapshot_to_json
@@ -1254,3 +1257,11 @@ async def test_a_schema_1_store_migrates_to_steps_keeping_its_tasks_and_ledger(
 async def clock_advance(clock: ManualClock, ms: int) -> None:
     clock.advance(ms)
     await trio.lowlevel.checkpoint()
+
+
+@given(st.integers(min_value=0, max_value=2**128 - 1))
+@example(0)
+@example(2**128 - 1)
+def test_claim_tokens_are_the_text_of_version_4_uuids(bits: int) -> None:
+    """A new task's claim token is formatted without building a ``uuid.UUID``: the same text."""
+    assert _uuid4_text(bits) == str(uuid.UUID(int=bits, version=4))
