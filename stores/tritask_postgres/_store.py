@@ -65,10 +65,11 @@ from tritask.tasks.model import (
     TaskStatus,
     clone_snapshot,
     initial_snapshot,
+    record_text,
     revise,
     snapshot_from_json,
+    snapshot_json_view,
 )
-from tritask.tasks.model import snapshot_to_json as _record_json
 from tritask.tasks.reducer import apply
 from tritask.tasks.store import (
     LEASE_LOST,
@@ -706,11 +707,12 @@ class PostgresStore:
         try:
             initial = initial_snapshot(task, work)
             snapshots = {False: initial}
-            documents = {False: _record_json(initial)}
+            # Views of the records' JSON (sharing the snapshots'), read once by the encoder.
+            documents = {False: snapshot_json_view(initial)}
             if queue and (claim is None or concurrency is not None):  # it may be queued
                 queued = revise(initial, task=revise(initial.task, status_message=QUEUED_MESSAGE))
                 snapshots[True] = queued
-                documents[True] = _record_json(queued)
+                documents[True] = snapshot_json_view(queued)
         except (CorruptRecord, TypeError, ValueError) as exc:
             raise InvalidTask(str(exc)) from exc
         # With a claim and a key, whether it is claimed is decided under the key lock.
@@ -960,7 +962,7 @@ class PostgresStore:
                 "token": lease.token,
                 "generation": lease.generation,
                 "expires_at": lease.expires_at,
-                "record": stored_text(_record_json(snapshot)),
+                "record": record_text(snapshot),
             },
             commit=True,
         )
@@ -1224,7 +1226,7 @@ class PostgresStore:
     ) -> Transition | Conflict | NotFound:
         self._opened()
         check_transition_arguments(expected_revision, event)
-        event_json = stored_text(event.to_json())
+        event_json = stored_text(event.json_view())
         return self._announced(
             await self._run(
                 functools.partial(
@@ -1260,7 +1262,7 @@ class PostgresStore:
         check_transition_arguments(expected_revision, event, "settle")
         if event.kind not in SETTLE_KINDS:
             raise UnauthorizedAction(f"settle cannot apply {event.kind.value}")
-        event_json = stored_text(event.to_json())
+        event_json = stored_text(event.json_view())
         alone = functools.partial(
             self._run,
             functools.partial(
@@ -1376,7 +1378,7 @@ class PostgresStore:
         fields = {
             "task_id": task_id,
             "expected": snapshot.revision,
-            "record": stored_text(_record_json(new)),
+            "record": record_text(new),
             "revision": new.revision,
             "status": new.task.status.value,
             "retry_at": new.available_at,
@@ -1709,7 +1711,7 @@ class PostgresStore:
             and row.claim_owner is None
             and row.generation == lease.generation
             and seen[1] is not None
-            and _same_event(seen[1], stored_text(event.to_json()), event)
+            and _same_event(seen[1], stored_text(event.json_view()), event)
         )
 
     @staticmethod
