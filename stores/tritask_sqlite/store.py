@@ -237,17 +237,20 @@ _SELECT_SEEN = (
     " WHERE e.task_id = t.task_id AND e.event_id = ?) FROM tritask_tasks t WHERE t.task_id = ?"
 )
 #: An operator's page of tasks (``ListsTasks.list_tasks``): every filter is a parameter that
-#: is NULL when unused, so this is one statement, whatever the query.
+#: is NULL when unused, so this is one statement, whatever the query. A record that is not
+#: JSON (schema 5 checks only its first character) passes the tool filter, so that decoding
+#: it refuses it (``CorruptStore``) instead of SQLite failing the page on malformed JSON.
 _LIST = (
     f"{_SELECT} WHERE (:statuses IS NULL OR status IN (SELECT value FROM json_each(:statuses)))"
     " AND (:scope IS NULL OR scope = :scope)"
     " AND (:before IS NULL OR created_at_us < :before)"
     " AND (:after_at IS NULL OR (created_at_us, task_id) > (:after_at, :after_id))"
-    " AND (:tool IS NULL OR (CASE WHEN json_type(record, '$.work.tool') = 'text'"
+    " AND (:tool IS NULL OR CASE WHEN NOT json_valid(record) THEN 1 ELSE"
+    "      (CASE WHEN json_type(record, '$.work.tool') = 'text'"
     "      THEN json_extract(record, '$.work.tool')"
     "      WHEN json_extract(record, '$.work.type') = 'tools/call'"
     "      AND json_type(record, '$.work.input.name') = 'text'"
-    "      THEN json_extract(record, '$.work.input.name') END) = :tool)"
+    "      THEN json_extract(record, '$.work.input.name') END) = :tool END)"
     " ORDER BY created_at_us, task_id LIMIT :limit"
 )
 #: ``renew_all`` (schema 4): an owner's claims, from the covering index
@@ -294,6 +297,14 @@ _NEXT_CLAIMABLE = (
     f" AND {_EXPIRES} > :now THEN max({_EXPIRES}, coalesce(retry_at_us, 0))"
     " WHEN retry_at_us > :now THEN retry_at_us ELSE :now END)"
     f" FROM tritask_tasks WHERE {_ACTIVE}"
+)
+#: ``_check_capacity``: whether the id exists, the number of tasks and the scope's active
+#: tasks (each count only when its limit is set). The active count is read from the index
+#: ``tritask_tasks_active_scope`` (scope, status) alone (schema 5).
+_CAPACITY = (
+    "SELECT EXISTS (SELECT 1 FROM tritask_tasks WHERE task_id = ?1),"
+    " CASE WHEN ?2 THEN (SELECT count(*) FROM tritask_tasks) END,"
+    f" CASE WHEN ?3 THEN (SELECT count(*) FROM tritask_tasks WHERE scope = ?4 AND {_ACTIVE}) END"
 )
 _CLEAR_CLAIM = (
     "UPDATE tritask_tasks SET claim_owner = NULL, claim_token = NULL,"
@@ -1243,19 +1254,22 @@ class SqliteStore:
         return waiting is None
 
     def _check_capacity(self, conn: sqlite3.Connection, task_id: str, scope: str) -> None:
-        """The limits, checked after the id (an existing id is ``AlreadyExists`` even when full)."""
-        if conn.execute("SELECT 1 FROM tritask_tasks WHERE task_id = ?", (task_id,)).fetchone():
+        """The limits, checked after the id (an existing id is ``AlreadyExists`` even when full).
+
+        One statement (``_CAPACITY``) reads the id and both counts: a statement's own cost in
+        the worker thread (preparing the cursor, binding, stepping) is most of a lookup's.
+        """
+        total = 0 if self._max_tasks is None else 1  # ints: the sqlite3 module adapts a bool
+        active_limit = 0 if self._max_active is None else 1
+        exists, count, active = conn.execute(
+            _CAPACITY, (task_id, total, active_limit, scope)
+        ).fetchone()
+        if exists:
             raise AlreadyExists(task_id)
-        if self._max_tasks is not None:
-            (count,) = conn.execute("SELECT count(*) FROM tritask_tasks").fetchone()
-            if count >= self._max_tasks:
-                raise CapacityExceeded("max_tasks")
-        if self._max_active is not None:
-            (active,) = conn.execute(
-                f"SELECT count(*) FROM tritask_tasks WHERE scope = ? AND {_ACTIVE}", (scope,)
-            ).fetchone()
-            if active >= self._max_active:
-                raise CapacityExceeded("max_active_tasks_per_scope")
+        if self._max_tasks is not None and count >= self._max_tasks:
+            raise CapacityExceeded("max_tasks")
+        if self._max_active is not None and active >= self._max_active:
+            raise CapacityExceeded("max_active_tasks_per_scope")
 
     async def get(self, task_id: str, access: Access) -> Snapshot | NotFound:
         self._ensure_open()

@@ -44,6 +44,7 @@ from tritask.tasks.store import (
     UNAVAILABLE,
     Action,
     Claimed,
+    Concurrency,
     CorruptStore,
     DatabaseBusy,
     Lease,
@@ -52,11 +53,12 @@ from tritask.tasks.store import (
     Scope,
     StaleLease,
     Store,
+    TaskQuery,
     Transition,
     WorkerAuthority,
 )
 from tritask.tasks.stores import open_store
-from tritask.tasks.work import RetryPolicy, Work
+from tritask.tasks.work import RetryPolicy, Work, canonical_json
 from tritask.testing.store_contract import START, ManualClock, StoreContract, by_tenant, tenant
 
 pytestmark = pytest.mark.contract("tasks-durable-store")
@@ -293,6 +295,75 @@ async def test_ledger_tampering_is_corrupt(tmp_path: Path) -> None:
         assert (page.checked, page.findings, page.next_after) == (("task-2",), (), "task-2")
         assert await store.audit(after="task-2") == attrs.evolve(page, checked=(), next_after=None)
         assert await store.integrity_check() == []
+
+
+@pytest.mark.parametrize(
+    ("tamper", "read"),
+    [
+        ("UPDATE tritask_tasks SET record = '{\"task\": {'", "task"),
+        ("UPDATE tritask_tasks SET record = '{\"a\": 1} trailing'", "task"),
+        ("UPDATE tritask_tasks SET scope = '{oops'", "task"),
+        ("UPDATE tritask_task_events SET event = '{' WHERE event_id = 'ask-1'", "ledger"),
+        ("UPDATE tritask_task_events SET effects = '{,}' WHERE event_id = 'ask-1'", "ledger"),
+    ],
+)
+async def test_json_text_that_is_not_json_is_refused_on_read(
+    tmp_path: Path, tamper: str, read: str
+) -> None:
+    """Schema 5 checks a JSON column's type and first character only (no json_valid on the
+    hot path): text that starts like an object but is not JSON gets in, and every read that
+    meets it refuses it with CorruptStore (the listing's tool filter too: SQLite's own JSON
+    functions must not fail the page with malformed JSON first)."""
+    path, clock = tmp_path / "tasks.db", ManualClock()
+    async with sqlite_store(path, clock) as store:
+        await busy_task(store)
+        access = await store.authorize(A, Action.GET, "task-1")
+    with raw(path) as conn:
+        conn.execute(tamper)
+    async with sqlite_store(path, clock) as store:
+        if read == "task":
+            with pytest.raises(CorruptStore) as caught:
+                await store.get("task-1", access)
+            assert caught.value.task_id == "task-1"
+            with pytest.raises(CorruptStore):
+                await store.list_tasks(TaskQuery())
+            by_tool = TaskQuery(tool="job")  # the task has no tool: a readable record is left out
+            if "SET record" in tamper:
+                with pytest.raises(CorruptStore):
+                    await store.list_tasks(by_tool)
+            else:
+                assert (await store.list_tasks(by_tool)).tasks == ()
+            with pytest.raises(CorruptStore):
+                await store.claim("task-1", "owner", LEASE_MS)
+        else:
+            with pytest.raises(CorruptStore, match="ledger"):
+                await store.history("task-1")
+        page = await store.audit()
+        assert [f.task_id for f in page.findings] == ["task-1"]
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        ("tritask_tasks.record", "[]"),
+        ("tritask_tasks.record", " {}"),
+        ("tritask_tasks.record", b"{}"),
+        ("tritask_tasks.scope", "null"),
+        ("tritask_task_events.event", '"completed"'),
+        ("tritask_task_events.effects", 1),
+    ],
+)
+async def test_json_columns_refuse_what_is_not_object_text(
+    tmp_path: Path, column: str, value: object
+) -> None:
+    """The CHECKs that stay in schema 5: TEXT, starting with '{' (a foreign writer cannot
+    store a BLOB, a number or another JSON type)."""
+    path = tmp_path / "tasks.db"
+    async with sqlite_store(path, ManualClock()) as store:
+        await busy_task(store)
+    table, name = column.split(".")
+    with raw(path) as conn, pytest.raises(sqlite3.IntegrityError, match="CHECK"):
+        conn.execute(f"UPDATE {table} SET {name} = ?", (value,))
 
 
 # -- boot epochs ------------------------------------------------------------------------------
@@ -1265,3 +1336,171 @@ async def clock_advance(clock: ManualClock, ms: int) -> None:
 def test_claim_tokens_are_the_text_of_version_4_uuids(bits: int) -> None:
     """A new task's claim token is formatted without building a ``uuid.UUID``: the same text."""
     assert _uuid4_text(bits) == str(uuid.UUID(int=bits, version=4))
+
+
+# -- schema 5: lean rows --------------------------------------------------------------------------
+
+
+async def every_kind_of_task(store: SqliteStore, clock: ManualClock) -> None:
+    """Tasks in every status, with ledgers, a step, following claims and their owner lease,
+    a queued task and claimed and queued tasks of a concurrency key."""
+    await create(store, "completed")
+    lease = await claimed(store, "completed")
+    await applied(store, "completed", 0, Event.completed({"v": 1}), WorkerAuthority(lease))
+    await create(store, "failed")
+    lease = await claimed(store, "failed")
+    await applied(store, "failed", 0, Event.failed(ERROR, "no"), WorkerAuthority(lease))
+    await create(store, "cancelled")
+    cancel = await request(store, Action.CANCEL, "cancelled")
+    await applied(store, "cancelled", 0, Event.cancelled(id="cancel-1"), cancel)
+    await busy_task(store, "retrying")  # asked, answered, retry scheduled: working, retry_at
+    await create(store, "asking")
+    lease = await claimed(store, "asking")
+    await applied(
+        store, "asking", 0, Event.input_requested("a", ASK, id="ask-2"), WorkerAuthority(lease)
+    )
+    await create(store, "stepping")
+    stepping = await claimed(store, "stepping")
+    step = Event.step_recorded("charge", "fp", {"result": {"id": "re_1"}}, id="step-1")
+    await applied(store, "stepping", 0, step, WorkerAuthority(stepping))
+    await create(store, "running")
+    running = await claimed(store, "running")
+    renewed = await store.renew_all("owner-1", [stepping, running], LEASE_MS)
+    assert all(isinstance(r, Renewed) for r in renewed)  # both follow owner-1's lease row
+    key = Concurrency(canonical_json(["export", "tenant-a"]), 1)
+    for task_id, owner in (("keyed", "owner-2"), ("keyed-queued", "owner-2"), ("queued", None)):
+        access = await store.authorize(A, Action.CREATE, task_id)
+        work = Work(idempotency_key=task_id, type="job", input={"n": 1})
+        await store.submit(
+            new_task(task_id, START, 60_000, 5),
+            work,
+            access,
+            owner_id=owner,
+            lease_ms=LEASE_MS,
+            concurrency=None if task_id == "queued" else key,
+        )
+    clock.advance(1)
+
+
+def dump(path: Path) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of the store's tables, rowids included."""
+    with raw(path) as conn:
+        return {
+            table: conn.execute(f"SELECT rowid, * FROM {table} ORDER BY rowid").fetchall()
+            for table in ("tritask_tasks", "tritask_task_events")
+        } | {
+            "tritask_owner_leases": conn.execute(
+                "SELECT * FROM tritask_owner_leases ORDER BY owner_id"
+            ).fetchall()
+        }
+
+
+async def reads(store: SqliteStore) -> list[object]:
+    ids = [t.task_id for t in (await store.list_tasks(TaskQuery())).tasks]
+    found: list[object] = [ids, await store.list_tasks(TaskQuery()), await store.audit()]
+    for task_id in ids:
+        found += [
+            await store.get(task_id, await store.authorize(A, Action.GET, task_id)),
+            await store.history(task_id),
+            await store.inspect_task(task_id),
+        ]
+    return found
+
+
+async def operator(*args: str) -> Any:
+    done = await trio.run_process(
+        [sys.executable, "-m", "tritask", "tasks", *args, "--json"],
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+        env={k: v for k, v in os.environ.items() if k != "TRITASK_STORE"},
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    return _timeless(json.loads(done.stdout))
+
+
+def _timeless(value: Any) -> Any:
+    """An operator answer without what depends on the real clock at the command's run."""
+    if isinstance(value, dict):
+        return {k: _timeless(v) for k, v in value.items() if k not in ("now", "ageMs")}
+    if isinstance(value, list):
+        return [_timeless(v) for v in value]
+    return value
+
+
+async def test_a_schema_4_store_migrates_to_lean_rows_with_identical_reads(
+    tmp_path: Path,
+) -> None:
+    """A file written by schema 4 (every row copied into a file built by 0001-0004) migrates to
+    5 when a store opens it: the same rows and rowids, the schema of a new file (keys, indexes
+    but the unused one, the ledger's cascading foreign key), identical reads through the store
+    and through the operator commands."""
+    clock = ManualClock()
+    current = tmp_path / "current.db"
+    async with sqlite_store(current, clock) as store:
+        await every_kind_of_task(store, clock)
+        before = await reads(store)
+    rows = dump(current)
+    assert {row[7] for row in rows["tritask_tasks"]} == {  # status
+        "working",
+        "input_required",
+        "completed",
+        "failed",
+        "cancelled",
+    }
+    assert len(rows["tritask_owner_leases"]) == 1
+    old = tmp_path / "old.db"
+    with raw(current) as source, raw(old) as target:
+        target.execute("PRAGMA journal_mode = WAL")
+        target.execute("BEGIN")
+        target.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        for migration in migrations()[:4]:
+            for statement in migration.statements():
+                target.execute(statement)
+        target.execute(
+            "INSERT INTO tritask_metadata (singleton, schema_version, store_id, boot_epoch)"
+            " SELECT 1, 4, ?, ?",
+            source.execute("SELECT store_id, boot_epoch FROM tritask_metadata").fetchone(),
+        )
+        for table, copied in rows.items():
+            names = [r[1] for r in source.execute(f"PRAGMA table_info({table})")]
+            select = "rowid, *" if table != "tritask_owner_leases" else "*"
+            columns = ", ".join((["rowid"] if select != "*" else []) + names)
+            marks = ", ".join("?" * len(copied[0]))
+            target.executemany(f"INSERT INTO {table} ({columns}) VALUES ({marks})", copied)
+        target.execute("COMMIT")
+        (committed,) = target.execute(
+            "SELECT sql FROM sqlite_master WHERE name = 'tritask_task_events_committed'"
+        ).fetchone()
+        assert committed is not None
+        assert (
+            "json_valid(record)"
+            in target.execute(
+                "SELECT sql FROM sqlite_master WHERE name = 'tritask_tasks'"
+            ).fetchone()[0]
+        )
+    # A read-write open (tritask serve's) migrates; the read-only commands read the result.
+    async with sqlite_store(old, clock) as store:
+        assert await reads(store) == before
+        assert await store.integrity_check() == []
+    assert dump(old) == rows
+    for command in (["list"], ["stats"], ["show", "stepping"], ["show", "retrying"]):
+        assert await operator(*command, "--store", f"sqlite:{old}") == await operator(
+            *command, "--store", f"sqlite:{current}"
+        )
+    with raw(old) as conn, raw(current) as fresh:
+        schema_sql = "SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY name"
+        assert conn.execute(schema_sql).fetchall() == fresh.execute(schema_sql).fetchall()
+        assert conn.execute("SELECT schema_version FROM tritask_metadata").fetchone() == (
+            SCHEMA_VERSION,
+        )
+        assert conn.execute("PRAGMA foreign_key_list(tritask_task_events)").fetchall() == [
+            (0, 0, "tritask_tasks", "task_id", "task_id", "NO ACTION", "CASCADE", "NONE")
+        ]
+        assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
+        assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    async with sqlite_store(old, clock) as store:
+        clock.advance(61_000)  # every task's TTL: reaping deletes the ledgers too (cascade)
+        assert len(await store.reap()) == len(rows["tritask_tasks"])
+    with raw(old) as conn:
+        assert conn.execute("SELECT count(*) FROM tritask_task_events").fetchone() == (0,)
