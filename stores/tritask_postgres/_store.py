@@ -24,8 +24,10 @@ wait.
 * Leases are fenced: owner, random UUID token, generation (+1 on every claim) and exact expiry.
 * Limits are counted under a transaction-scoped advisory lock keyed on the schema, in a
   statement that starts after the lock is granted (its snapshot includes the previous holder's
-  insert; a batch's creations: one lock and one count for all). With both limits unlimited,
-  creation takes no lock.
+  insert; a batch's creations: one lock and one count for all). The number of tasks is the sum
+  of ``task_counts``, which triggers keep in every inserting and deleting transaction (schema
+  4), so counting costs the same at any size. With both limits unlimited, creation takes no
+  lock.
 * Commits that make work appear or change a running attempt send ``NOTIFY`` in the same
   transaction; ``wakeups()`` delivers them (see ``_wakeups``).
 * Every read decodes and validates the aggregate record and checks that the projection columns
@@ -1964,7 +1966,11 @@ class _Queries:
         def q(text: str) -> Statement:
             return statement(
                 sql.SQL(text.replace("{now}", now).replace("{active}", _ACTIVE))
-                .format(t=sql.SQL("{}.tasks").format(s), e=sql.SQL("{}.task_events").format(s))
+                .format(
+                    t=sql.SQL("{}.tasks").format(s),
+                    e=sql.SQL("{}.task_events").format(s),
+                    c=sql.SQL("{}.task_counts").format(s),
+                )
                 .as_bytes(None)
             )
 
@@ -2101,11 +2107,12 @@ class _Queries:
             " ORDER BY t.created_at_us, t.task_id"
             " LIMIT 1 FOR UPDATE OF t SKIP LOCKED"
         )
-        # A batch's creations under limits, under the capacity lock: the tasks (up to
-        # max_tasks), which of the batch's ids exist, and each of its scopes' active tasks (up
-        # to max_active), as JSON arrays.
+        # A batch's creations under limits, under the capacity lock: the tasks (the sum of
+        # task_counts, kept by the triggers of schema 4: constant cost, where counting rows
+        # grew with the table), which of the batch's ids exist, and each of its scopes' active
+        # tasks (up to max_active, from the partial index), as JSON arrays.
         self.batch_counts = q(
-            "SELECT (SELECT count(*) FROM (SELECT 1 FROM {t} LIMIT %(max_tasks)s) a),"
+            "SELECT (SELECT sum(c.tasks)::bigint FROM {c} c),"
             " (SELECT coalesce(json_agg(t.task_id), '[]')::text FROM {t} t"
             " WHERE t.task_id = ANY(%(ids)s::text[])),"
             " (SELECT coalesce(json_agg(json_build_array(s.scope, (SELECT count(*) FROM"
@@ -2114,7 +2121,7 @@ class _Queries:
         )
         self.capacity_counts = q(
             "SELECT EXISTS (SELECT 1 FROM {t} WHERE task_id = %(task_id)s),"
-            " (SELECT count(*) FROM (SELECT 1 FROM {t} LIMIT %(max_tasks)s) a),"
+            " (SELECT sum(c.tasks)::bigint FROM {c} c),"
             " (SELECT count(*) FROM (SELECT 1 FROM {t} WHERE scope = %(scope)s"
             " AND status IN {active} LIMIT %(max_active)s) b)"
         )
@@ -2224,6 +2231,7 @@ class _Queries:
             " l.committed_at_us, l.effects::text AS effects FROM {e} l"
             " WHERE l.task_id = b.task_id AND l.event_id = b.event_id LIMIT 1) e ON true"
         )
+
         # The applied settles of a batch in one statement: each row as ``write_releasing``
         # writes it (guarded by its expected revision), its ledger row, its NOTIFYs in the
         # batch's order; the answer names the tasks written.

@@ -149,7 +149,7 @@ async def test_migrate_fresh_then_idempotent(pg_schemas: SchemaFactory) -> None:
         store_id = conn.execute(
             sql.SQL("SELECT store_id::text FROM {}.store_metadata").format(sql.Identifier(schema))
         ).fetchone()
-    assert tables == {"schema_migrations", "store_metadata", "tasks", "task_events"}
+    assert tables == {"schema_migrations", "store_metadata", "tasks", "task_events", "task_counts"}
     assert store_id is not None
     async with pg_store(pg_schemas, schema) as store:
         assert store.store_id == store_id[0]
@@ -957,7 +957,7 @@ async def test_schema_1_rows_survive_the_steps_and_queue_migrations(
     pg_schemas: SchemaFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Rows written under schema 1 (a retried task with an answered input, a task waiting for
-    input, a completed task) read back exactly after ``migrate`` applies 0002 and 0003; the
+    input, a completed task) read back exactly after ``migrate`` applies 0002 to 0004; the
     tasks then record steps and suspend (the ledger's widened kind check, the v4 record, the
     claim projection) and the queue columns of the old rows are NULL."""
     clock = ManualClock()
@@ -983,15 +983,15 @@ async def test_schema_1_rows_survive_the_steps_and_queue_migrations(
             before[task_id] = (got, await store.history(task_id))
     old = pg_schemas.name()
     shipped = migrations.load_migrations()
-    assert [m.version for m in shipped] == [1, 2, 3]
-    assert [m.name for m in shipped] == ["initial", "steps", "queue"]
+    assert [m.version for m in shipped] == [1, 2, 3, 4]
+    assert [m.name for m in shipped] == ["initial", "steps", "queue", "task_counts"]
     with monkeypatch.context() as patched:
         patched.setattr(migrations, "load_migrations", lambda: shipped[:1])
         assert (await migrate(pg_schemas.dsn, schema=old)).applied == (1,)
     await trio.to_thread.run_sync(_copy_schema_1_rows, pg_schemas.dsn, current, old)
-    with pytest.raises(StoreSchemaError, match="this tritask needs 3"):
+    with pytest.raises(StoreSchemaError, match="this tritask needs 4"):
         await pg_store(pg_schemas, old, clock=clock).open()
-    assert (await migrate(pg_schemas.dsn, schema=old)).applied == (2, 3)
+    assert (await migrate(pg_schemas.dsn, schema=old)).applied == (2, 3, 4)
     async with pg_store(pg_schemas, old, clock=clock) as store:
         for task_id in ids:
             got = await store.get(task_id, await store.authorize(A, Action.GET, task_id))
@@ -1031,3 +1031,84 @@ async def test_schema_1_rows_survive_the_steps_and_queue_migrations(
     assert json.loads(rows[0][2])["version"] == 4
     assert json.loads(rows[0][2])["steps"] == recorded.snapshot.steps
     assert json.loads(rows[2][2])["version"] == 3  # untouched: still as schema 1 wrote it
+
+
+async def test_a_schema_3_store_migrates_to_task_counts_with_identical_reads(
+    pg_schemas: SchemaFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tasks in every status written at schema 3 (claimed, queued, waiting for input,
+    completed, failed, cancelled, one past its TTL) read back exactly after ``migrate``
+    applies 0004, which seeds ``task_counts`` with them; from then on the triggers keep the
+    count that ``max_tasks`` admits against: creations add, ``reap`` subtracts."""
+    clock = ManualClock()
+    schema = pg_schemas.name()
+    shipped = migrations.load_migrations()
+    ids = ("claimed", "queued", "input", "completed", "failed", "cancelled", "expiring")
+    with monkeypatch.context() as patched:
+        patched.setattr(migrations, "load_migrations", lambda: shipped[:3])
+        assert (await migrate(pg_schemas.dsn, schema=schema)).applied == (1, 2, 3)
+        async with pg_store(
+            pg_schemas, schema, clock=clock, max_tasks=None, max_active_tasks_per_scope=None
+        ) as store:
+            for task_id in ids:
+                if task_id != "queued":
+                    await create(store, task_id, ttl_ms=1_000 if task_id == "expiring" else None)
+            access = await store.authorize(A, Action.CREATE, "queued")
+            work = Work(idempotency_key="queued", type="contract", input={})
+            queued = await store.submit(
+                new_task("queued", 0, None, None), work, access, owner_id=None, lease_ms=LEASE_MS
+            )
+            assert isinstance(queued, Snapshot)
+            await claimed(store, "claimed")
+            lease = await claimed(store, "input")
+            await store.transition(
+                "input", 0, Event.input_requested("a", ASK), WorkerAuthority(lease)
+            )
+            lease = await claimed(store, "completed")
+            await store.settle("completed", 0, Event.completed({"done": 1}), lease)
+            lease = await claimed(store, "failed")
+            await store.settle("failed", 0, Event.failed(ERROR, "no"), lease)
+            cancel = RequestAuthority(await store.authorize(A, Action.CANCEL, "cancelled"))
+            await store.transition("cancelled", 0, Event.cancelled(), cancel)
+            before = {}
+            for task_id in ids:
+                got = await store.get(task_id, await store.authorize(A, Action.GET, task_id))
+                before[task_id] = (
+                    got,
+                    await store.history(task_id),
+                    await store.inspect_task(task_id),
+                )
+            statuses = {task_id: before[task_id][0].task.status.value for task_id in ids}  # type: ignore[union-attr]
+            assert sorted(set(statuses.values())) == [
+                "cancelled", "completed", "failed", "input_required", "working"
+            ]  # fmt: skip
+    with pytest.raises(StoreSchemaError, match="this tritask needs 4"):
+        await pg_store(pg_schemas, schema, clock=clock).open()
+    assert (await migrate(pg_schemas.dsn, schema=schema)).applied == (4,)
+
+    def counts() -> list[tuple[Any, ...]]:
+        with connect(pg_schemas.dsn) as conn:
+            return conn.execute(
+                sql.SQL(
+                    "SELECT count(*), sum(tasks)::bigint, (SELECT count(*) FROM {}.tasks)"
+                    " FROM {}.task_counts"
+                ).format(sql.Identifier(schema), sql.Identifier(schema))
+            ).fetchall()
+
+    assert await trio.to_thread.run_sync(counts) == [(16, len(ids), len(ids))]
+    async with pg_store(pg_schemas, schema, clock=clock, max_tasks=len(ids) + 1) as store:
+        for task_id in ids:
+            got = await store.get(task_id, await store.authorize(A, Action.GET, task_id))
+            after = (got, await store.history(task_id), await store.inspect_task(task_id))
+            assert after == before[task_id]
+        assert (await store.audit()).findings == ()
+        await create(store, "one-more")
+        with pytest.raises(CapacityExceeded) as refused:
+            await create(store, "too-many")
+        assert refused.value.limit == "max_tasks"
+        assert await trio.to_thread.run_sync(counts) == [(16, len(ids) + 1, len(ids) + 1)]
+        clock.advance(1_000)
+        assert await store.reap() == ["expiring"]
+        assert await trio.to_thread.run_sync(counts) == [(16, len(ids), len(ids))]
+        await create(store, "room-again")
+        assert await trio.to_thread.run_sync(counts) == [(16, len(ids) + 1, len(ids) + 1)]
