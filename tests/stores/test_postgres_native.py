@@ -140,7 +140,8 @@ def test_text_and_text_arrays_round_trip_exactly(
 
 
 async def test_array_parameters_carry_nulls_and_ints(session: Session) -> None:
-    """A batch's columns: ``None`` is a NULL element, an int its digits (cast on the server)."""
+    """A batch's columns (a binary ``text[]``): ``None`` is a NULL element, an int its digits
+    (cast on the server), an empty list an empty array."""
     got = await one(
         session, "SELECT array_to_json(%(a)s::text[])::text", a=["x", None, 'q"\\', 7, -2]
     )
@@ -149,6 +150,9 @@ async def test_array_parameters_carry_nulls_and_ints(session: Session) -> None:
         session, "SELECT sum(v)::bigint FROM unnest(%(a)s::text[]::bigint[]) v", a=[2**62, None, -5]
     )
     assert total == 2**62 - 5
+    assert await one(session, "SELECT array_to_json(%(a)s::text[])::text", a=[]) == "[]"
+    assert await one(session, "SELECT %(a)s::text[] = '{}'::text[]", a=()) is True
+    assert await one(session, "SELECT (%(a)s::text[])[1] IS NULL", a=[None]) is True
     with pytest.raises(TypeError, match="strings, ints and None"):
         await session.execute(statement("SELECT %(a)s::text[]"), {"a": [True]})
 
