@@ -3,8 +3,9 @@
 Stores are found by URL scheme through the ``tritask.stores`` entry points, like ``serve`` does;
 a store whose package exports ``async def migrate(url, **options)`` has an explicit migration
 step (PostgreSQL: the application owns the schema, and every host's store refuses to start on a
-mismatch until it runs). Stores without one (``memory:``, and ``sqlite:``, which installs its
-schema when it opens) have nothing to do here, which is not an error.
+mismatch until it runs; SQLite: an existing file is migrated now instead of at its next serving
+open, which the read-only operator commands wait for). Stores without one (``memory:``) have
+nothing to do here, which is not an error.
 """
 
 from __future__ import annotations

@@ -29,11 +29,13 @@ from hypothesis import strategies as st
 from tritask_sqlite import (
     SCHEMA_VERSION,
     LedgerEntry,
+    Migrated,
     SqliteStore,
     StoreLocked,
     StoreSchemaError,
     path_from_url,
 )
+from tritask_sqlite import migrate as sqlite_migrate
 from tritask_sqlite.schema import APPLICATION_ID, migrations
 from tritask_sqlite.store import _uuid4_text
 
@@ -1432,7 +1434,7 @@ async def test_a_schema_4_store_migrates_to_lean_rows_with_identical_reads(
     tmp_path: Path,
 ) -> None:
     """A file written by schema 4 (every row copied into a file built by 0001-0004) migrates to
-    5 when a store opens it: the same rows and rowids, the schema of a new file (keys, indexes
+    5 (``tritask migrate``): the same rows and rowids, the schema of a new file (keys, indexes
     but the unused one, the ledger's cascading foreign key), identical reads through the store
     and through the operator commands."""
     clock = ManualClock()
@@ -1479,11 +1481,19 @@ async def test_a_schema_4_store_migrates_to_lean_rows_with_identical_reads(
                 "SELECT sql FROM sqlite_master WHERE name = 'tritask_tasks'"
             ).fetchone()[0]
         )
-    # A read-write open (tritask serve's) migrates; the read-only commands read the result.
+    # The upgrade step the read-only commands ask for (a serving open would migrate as well).
+    for report in ("migrated the store to version 5 (applied 0005)", "the store is up to date"):
+        done = await trio.run_process(
+            [sys.executable, "-m", "tritask", "migrate", "--store", f"sqlite:{old}"],
+            capture_stderr=True,
+            check=False,
+            env={k: v for k, v in os.environ.items() if k != "TRITASK_STORE"},
+        )
+        assert (done.returncode, report in done.stderr.decode()) == (0, True), done.stderr
+    assert dump(old) == rows
     async with sqlite_store(old, clock) as store:
         assert await reads(store) == before
         assert await store.integrity_check() == []
-    assert dump(old) == rows
     for command in (["list"], ["stats"], ["show", "stepping"], ["show", "retrying"]):
         assert await operator(*command, "--store", f"sqlite:{old}") == await operator(
             *command, "--store", f"sqlite:{current}"
@@ -1504,3 +1514,19 @@ async def test_a_schema_4_store_migrates_to_lean_rows_with_identical_reads(
         assert len(await store.reap()) == len(rows["tritask_tasks"])
     with raw(old) as conn:
         assert conn.execute("SELECT count(*) FROM tritask_task_events").fetchone() == (0,)
+
+
+async def test_migrate_refuses_what_it_cannot_migrate(tmp_path: Path) -> None:
+    """``tritask migrate --store sqlite:PATH`` makes no new file, takes no options, and is
+    refused while a server holds the file exclusively (nothing is written)."""
+    missing = tmp_path / "missing.db"
+    with pytest.raises(StoreSchemaError, match="no such file"):
+        await sqlite_migrate(f"sqlite:{missing}")
+    assert not missing.exists()
+    path = tmp_path / "tasks.db"
+    with pytest.raises(ValueError, match="take no options"):
+        await sqlite_migrate(f"sqlite:{path}", schema="x")
+    async with sqlite_store(path, exclusive=True):
+        with pytest.raises(StoreLocked):
+            await sqlite_migrate(f"sqlite:{path}")
+    assert await sqlite_migrate(f"sqlite:{path}") == Migrated(SCHEMA_VERSION, ())
