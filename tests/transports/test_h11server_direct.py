@@ -153,7 +153,7 @@ def serialize(
     """The bytes (or the error), h11's states after, and whether the direct path answered."""
     status, headers, body = RESPONSES[response]
     conn = StubConnection(REQUESTS[request], read_body=read_body, closing=closing)
-    cycle = _Cycle(conn, conn.request)  # type: ignore[arg-type]
+    cycle = _Cycle.of(conn, conn.request)  # type: ignore[arg-type]
     cycle.response_started = True
     cycle.pending = (status, list(headers))
     cycle._complete()
@@ -198,7 +198,7 @@ def test_direct_json_response_bytes() -> None:
 
 def test_streamed_responses_are_left_to_h11() -> None:
     conn = StubConnection(POST, read_body=True, closing=False)
-    cycle = _Cycle(conn, conn.request)  # type: ignore[arg-type]
+    cycle = _Cycle.of(conn, conn.request)  # type: ignore[arg-type]
     cycle.pending = (200, [(b"content-type", b"text/event-stream")])
     used: list[bool] = []
     with direct_path(True, used):

@@ -59,7 +59,7 @@ import errno
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any, Final, Protocol
@@ -103,6 +103,89 @@ _SPECIAL_NAMES: Final = frozenset({b"transfer-encoding", b"connection", b"host"}
 # state exactly as the real response would (to DONE, keep-alive unchanged): only ``Connection:
 # close`` and a CONNECT request's 2xx answer change the state beyond that, and both go to h11.
 _SHADOW: Final = h11.Response(status_code=200, headers=[(b"content-length", b"0")])
+# The request fast path (``_parse_simple``) reads a request head itself when it is plain: every
+# byte visible ASCII, space or tab apart from CRLF line ends, token names, one Host, at most one
+# Content-Length, none of the headers that change how h11 frames or answers the request.
+_TOKEN_BYTES: Final = _NAME_BYTES + b"ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_HEAD_BYTES: Final = bytes(range(0x21, 0x7F)) + b" \t\r\n"
+_END_OF_HEAD: Final = b"\r\n\r\n"
+_FAST_SPECIAL: Final = frozenset(
+    {b"content-length", b"host", b"connection", b"transfer-encoding", b"expect", b"upgrade"}
+)
+_NOT_FAST_METHODS: Final = frozenset({b"HEAD", b"CONNECT"})
+# What h11 is told when a request the fast path read gets a response h11 must write (streamed,
+# or unusual): a request with the same meaning for the response (HTTP/1.1, keep-alive, not HEAD
+# or CONNECT, its body read), so h11 frames the response as it would have for the real one.
+_SHADOW_REQUEST: Final = b"POST / HTTP/1.1\r\nhost: shadow\r\ncontent-length: 0\r\n\r\n"
+
+SimpleRequest = tuple[bytes, bytes, list[tuple[bytes, bytes]], int | None, bytes, bytes]
+"""What ``_parse_simple`` reads: method, target, headers (names lower-cased, values without
+surrounding whitespace, as h11 gives them), the declared length, the body, what follows."""
+
+
+def _parse_simple(data: bytes, limit: int) -> SimpleRequest | None:
+    """A complete, plain HTTP/1.1 request at the start of ``data``, read without h11; ``None``
+    when h11 is to read it (anything unusual, malformed or incomplete), so every doubtful case
+    keeps h11's behaviour (its errors, 100-continue, chunked bodies, obs-fold, upgrades...).
+
+    It accepts a strict subset of what h11 accepts, and reads it as h11 does (the tests compare
+    both): a head of at most ``limit`` bytes ending in CRLF CRLF, lines ending in CRLF with no
+    other CR or LF, only visible ASCII, space and tab; ``METHOD /target HTTP/1.1`` with a token
+    method other than HEAD or CONNECT and an origin-form target; ``token: value`` headers with
+    exactly one Host, at most one Content-Length of digits, no Transfer-Encoding, Expect or
+    Upgrade, and Connection only as ``keep-alive``; and the whole body already in ``data``.
+    """
+    end = data.find(_END_OF_HEAD, 0, limit)
+    if end < 0:
+        return None
+    head = data[:end]
+    if head.translate(None, _HEAD_BYTES):
+        return None
+    lines = head.split(b"\r\n")
+    breaks = len(lines) - 1
+    if head.count(b"\n") != breaks or head.count(b"\r") != breaks:
+        return None  # a bare CR or LF
+    request_line = lines[0].split(b" ")
+    if len(request_line) != 3:
+        return None
+    method, target, version = request_line
+    if (
+        version != b"HTTP/1.1"
+        or not method
+        or method.translate(None, _TOKEN_BYTES)
+        or method in _NOT_FAST_METHODS
+        or target[:1] != b"/"
+        or b"\t" in target
+    ):
+        return None
+    headers: list[tuple[bytes, bytes]] = []
+    length: int | None = None
+    host = False
+    for index in range(1, breaks + 1):
+        name, colon, value = lines[index].partition(b":")
+        if not colon or not name or name.translate(None, _TOKEN_BYTES):
+            return None  # also a continuation line (obs-fold): it starts with a space or tab
+        name = name.lower()
+        value = value.strip(b" \t")
+        if name in _FAST_SPECIAL:
+            if name == b"content-length":
+                if length is not None or not value.isdigit() or len(value) > 18:
+                    return None
+                length = int(value)
+            elif name == b"host":
+                if host:
+                    return None
+                host = True
+            elif name != b"connection" or value.lower() != b"keep-alive":
+                return None
+        headers.append((name, value))
+    if not host:
+        return None
+    start = end + 4
+    stop = start + (length or 0)
+    if len(data) < stop:
+        return None  # the body is still coming: h11 streams it to the application
+    return method, target, headers, length, data[start:stop], data[stop:]
 
 
 @attrs.frozen(kw_only=True)
@@ -200,10 +283,12 @@ class _Cycle:
     """One request/response cycle on a connection: the ``receive`` and ``send`` it is given."""
 
     __slots__ = (
+        "body",
         "body_done",
         "conn",
         "declared_length",
         "direct",
+        "fast",
         "finished",
         "head",
         "headers_sent",
@@ -214,23 +299,31 @@ class _Cycle:
         "received",
         "response_complete",
         "response_started",
+        "shadowed",
         "source",
         "tick",
         "watch_scope",
     )
 
-    def __init__(self, conn: _Connection, request: h11.Request) -> None:
+    def __init__(
+        self,
+        conn: _Connection,
+        *,
+        head: bool,
+        direct: bool,
+        declared_length: int | None,
+        body: bytes | None = None,
+    ) -> None:
         self.conn = conn
-        self.head = request.method == b"HEAD"
-        self.declared_length: int | None = None
-        # The direct path answers only HTTP/1.1 keep-alive requests (not CONNECT); ``close`` is
-        # looked for anywhere in a Connection header, so that h11 decides every doubtful case.
-        self.direct = request.http_version == b"1.1" and request.method != b"CONNECT"
-        for name, value in request.headers:
-            if name == b"content-length":
-                self.declared_length = int(value)
-            elif name == b"connection" and b"close" in value.lower():
-                self.direct = False
+        self.head = head
+        self.direct = direct
+        self.declared_length = declared_length
+        self.body = body
+        """The whole body, read by the request fast path (``None``: h11 reads the request)."""
+        self.fast = body is not None
+        """The fast path read the request: h11 has not seen it (see ``_shadow``)."""
+        self.shadowed = False
+        """h11 was told of a fast request (``_SHADOW_REQUEST``) to write the response."""
         self.received = 0
         self.body_done = False
         self.response_started = False
@@ -247,10 +340,41 @@ class _Cycle:
         """The rest of the response, handed off (``HANDOFF_EXTENSION``): the connection's task
         drives it once the application has returned."""
 
+    @classmethod
+    def of(cls, conn: _Connection, request: h11.Request) -> _Cycle:
+        """The cycle of a request h11 read."""
+        declared: int | None = None
+        # The direct path answers only HTTP/1.1 keep-alive requests (not CONNECT); ``close`` is
+        # looked for anywhere in a Connection header, so that h11 decides every doubtful case.
+        direct = request.http_version == b"1.1" and request.method != b"CONNECT"
+        for name, value in request.headers:
+            if name == b"content-length":
+                declared = int(value)
+            elif name == b"connection" and b"close" in value.lower():
+                direct = False
+        return cls(conn, head=request.method == b"HEAD", direct=direct, declared_length=declared)
+
+    def _shadow(self) -> None:
+        """Before h11 writes (part of) the response to a fast request: tell h11 of a request
+        that means the same for the response (``_SHADOW_REQUEST``), read to its end. h11's
+        buffer is empty then (the fast path keeps what arrives), so this is all it reads."""
+        if self.fast and not self.shadowed:
+            self.shadowed = True
+            h = self.conn.h11
+            h.receive_data(_SHADOW_REQUEST)
+            request, end = h.next_event(), h.next_event()
+            assert type(request) is h11.Request and type(end) is h11.EndOfMessage, (request, end)
+
     # -- receive -------------------------------------------------------------------------
 
     async def receive(self) -> Message:
         conn = self.conn
+        body = self.body
+        if body is not None:  # read by the fast path: all of it at once
+            self.body = None
+            self.body_done = True
+            self.received = len(body)
+            return {"type": "http.request", "body": body, "more_body": False}
         if self.body_done:
             # Nothing more to read for the application: wait until the peer goes away or the
             # response is complete (the reading task keeps buffering pipelined requests).
@@ -366,7 +490,9 @@ class _Cycle:
         connection.
         """
         h = self.conn.h11
-        if h.our_state is not h11.SEND_RESPONSE or self.conn.closing or self._close_early():
+        if self.conn.closing:
+            return None
+        if not self.fast and (h.our_state is not h11.SEND_RESPONSE or self._close_early()):
             return None
         assert self.pending is not None
         status, headers = self.pending
@@ -396,12 +522,14 @@ class _Cycle:
         lines.append(b"date: %s\r\n\r\n" % _date_header())
         if body and not self.head:
             lines.append(body)
-        h.send(_SHADOW)
-        h.send(_EOM)
+        if not self.fast:  # (a fast request: h11 never saw it, and stays idle)
+            h.send(_SHADOW)
+            h.send(_EOM)
         self._headers_sent()
         return b"".join(lines)
 
     def _serialize_h11(self, body: bytes, more: bool) -> bytes:
+        self._shadow()
         h = self.conn.h11
         parts: list[bytes] = []
         if not self.headers_sent:
@@ -441,7 +569,7 @@ class _Cycle:
     def _close_early(self) -> bool:
         """Answering before the request body was read: close unless the rest is cheap to drop."""
         h = self.conn.h11
-        if h.their_state is not h11.SEND_BODY:
+        if self.fast or h.their_state is not h11.SEND_BODY:
             return False
         if h.they_are_waiting_for_100_continue:
             return True
@@ -538,11 +666,13 @@ class _Connection:
         "_buffer_limit",
         "_buffered",
         "_client",
+        "_h11_reads",
         "_head_deadline",
         "_head_expired",
         "_head_started",
         "_idle_expired",
         "_idle_since",
+        "_pending",
         "_read_scope",
         "_reading",
         "_resume",
@@ -586,6 +716,12 @@ class _Connection:
         self._reading = True
         """The reading task runs (``False``: it stops, a handed-off response is to be driven)."""
         self.cycle: _Cycle | None = None
+        self._pending = b""
+        """Received bytes not yet read, while the fast path reads requests (``_h11_reads`` is
+        false); h11's buffer is empty then."""
+        self._h11_reads = False
+        """What arrives goes to h11: a request the fast path left to it is being read (set
+        between requests, cleared once h11 is idle again with nothing buffered)."""
         self._client = _address(stream.socket.getpeername())
         self._server = _address(stream.socket.getsockname())
 
@@ -650,14 +786,27 @@ class _Connection:
                 return
 
     def _received(self, data: bytes) -> bool:
-        """Feed h11 what the socket gave; ``False`` at EOF (the peer is gone)."""
+        """Keep (or feed h11) what the socket gave; ``False`` at EOF (the peer is gone)."""
         if not data:
-            self.h11.receive_data(b"")
+            if self._h11_reads:
+                self.h11.receive_data(b"")
             self.peer_gone()
             return False
-        self.h11.receive_data(data)
+        if self._h11_reads:
+            self.h11.receive_data(data)
+        else:
+            self._pending = self._pending + data if self._pending else data
         self._buffered += len(data)
         return True
+
+    def _to_h11(self) -> None:
+        """Let h11 read the next request (and what follows, until it is idle again)."""
+        data, self._pending = self._pending, b""
+        self._h11_reads = True
+        if data:
+            self.h11.receive_data(data)
+        if self.eof:
+            self.h11.receive_data(b"")
 
     def _stop_reading(self) -> None:
         """End the reading task at its next wait (never in the middle of a tick's write: ticks
@@ -758,6 +907,7 @@ class _Connection:
         """Serve requests until the connection ends (``None``) or a response is handed off
         (its cycle: the caller drives it without the reading task, then comes back)."""
         h = self.h11
+        limit = self.config.max_incomplete_event_size
         while True:
             if self.closing or self._idle_expired:
                 return None
@@ -765,6 +915,32 @@ class _Connection:
                 if self._head_started and not self.eof:
                     await self._refuse(408)
                 return None
+            if not self._h11_reads:
+                data = self._pending
+                if not data:
+                    if self.eof:
+                        return None
+                    self.make_room()
+                    await self.wakeup.park()
+                    continue
+                simple = None if self.eof else _parse_simple(data, limit)
+                if simple is None:
+                    self._to_h11()  # and h11 reads it, below
+                else:
+                    method, target, headers, length, body, rest = simple
+                    self._pending = rest
+                    self._buffered = len(rest)
+                    self._resume.unpark_all()
+                    del simple, data
+                    cycle = _Cycle(self, head=False, direct=True, declared_length=length, body=body)
+                    del body
+                    scope = self._make_scope(method, target, b"1.1", headers)
+                    del headers
+                    if not await self._run_cycle(cycle, scope, method, target):
+                        return None
+                    if cycle.source is not None:
+                        return cycle
+                    continue
             try:
                 event = h.next_event()
             except h11.RemoteProtocolError as error:
@@ -777,40 +953,58 @@ class _Connection:
                 await self.wakeup.park()
                 continue
             if type(event) is h11.Request:
-                self._head_deadline = math.inf
-                self._head_started = False
                 # The request event is not kept while the application runs (a listen stream
                 # runs for hours): the scope carries what the application reads of it.
-                cycle = _Cycle(self, event)
+                cycle = _Cycle.of(self, event)
                 scope = self._scope(event)
-                method, path = event.method, event.target.split(b"?", 1)[0]
+                method, target = event.method, bytes(event.target)
                 del event
-                await self._call(cycle, scope, method, path)
-                del scope
+                if not await self._run_cycle(cycle, scope, method, target):
+                    return None
                 if cycle.source is not None:
                     return cycle
-                if not await self._end_cycle(cycle):
-                    return None
                 continue
             return None  # ConnectionClosed
+
+    async def _run_cycle(self, cycle: _Cycle, scope: Scope, method: bytes, target: bytes) -> bool:
+        """Run the application for a request just read; ``False`` when the connection cannot
+        carry another one. A handed-off response (``cycle.source``) is left to the caller."""
+        self._head_deadline = math.inf
+        self._head_started = False
+        path = target.split(b"?", 1)[0]
+        del target
+        await self._call(cycle, scope, method, path)
+        del scope
+        if cycle.source is not None:
+            return True
+        return await self._end_cycle(cycle)
 
     def _scope(self, request: h11.Request) -> Scope:
         target = bytes(request.target)
         if not target.startswith(b"/") and b"://" in target:  # absolute-form
             split = urlsplit(target)
             target = (split.path or b"/") + (b"?" + split.query if split.query else b"")
+        return self._make_scope(request.method, target, request.http_version, request.headers)
+
+    def _make_scope(
+        self,
+        method: bytes,
+        target: bytes,
+        http_version: bytes,
+        headers: Iterable[tuple[bytes, bytes]],
+    ) -> Scope:
         raw_path, _, query = target.partition(b"?")
         return {
             "type": "http",
             "asgi": dict(_ASGI),
-            "http_version": request.http_version.decode("ascii"),
-            "method": request.method.decode("ascii"),
+            "http_version": http_version.decode("ascii"),
+            "method": method.decode("ascii"),
             "scheme": "http",
             "path": unquote(raw_path.decode("latin-1")),
             "raw_path": raw_path,
             "query_string": query,
             "root_path": "",
-            "headers": list(request.headers),
+            "headers": list(headers),
             "client": self._client,
             "server": self._server,
             "extensions": {WATCH_EXTENSION: {}, HANDOFF_EXTENSION: {}},
@@ -836,7 +1030,8 @@ class _Connection:
         cycle.finished = True
         self.cycle = None
         self._idle_since = trio.current_time()
-        if self.h11.trailing_data[0]:  # a pipelined head has begun: its timer starts now
+        # A pipelined head has begun: its timer starts now.
+        if self._pending or (self._h11_reads and self.h11.trailing_data[0]):
             self._head_begins(None)
             self.wake_reader_by(self._head_deadline)
         self.wakeup.unpark_all()
@@ -856,12 +1051,16 @@ class _Connection:
             await cycle.send({"type": "http.response.body", "body": b"Internal Server Error"})
         if self.eof or not cycle.response_complete:
             return False
+        if cycle.fast and not cycle.shadowed:
+            return not self.closing  # h11 saw neither the request nor the response
         h = self.h11
         if h.their_state is h11.SEND_BODY and not await self._discard_body():
             return False
         if h.our_state is not h11.DONE or h.their_state is not h11.DONE or self.closing:
             return False
         h.start_next_cycle()
+        if self._h11_reads and not h.trailing_data[0]:
+            self._h11_reads = False  # nothing of a next request buffered in h11: the fast path
         return True
 
     # -- a handed-off response: one task for the connection -------------------------------
@@ -971,7 +1170,9 @@ class _Connection:
         h = self.h11
         # Closing with unread input makes the kernel send a reset, which can destroy our last
         # response before the peer reads it: drain first when the peer may still be sending.
-        if not self.eof and (h.their_state in (h11.SEND_BODY, h11.ERROR) or h.trailing_data[0]):
+        if not self.eof and (
+            self._pending or h.their_state in (h11.SEND_BODY, h11.ERROR) or h.trailing_data[0]
+        ):
             try:
                 await stream.send_eof()
                 budget = self.config.drain_limit
