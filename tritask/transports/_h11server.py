@@ -5,7 +5,7 @@ short: per connection one task runs the requests one after the other (the ASGI a
 called directly in it, no task per request) and, while the application runs, one sibling reads
 the socket, so that
 
-* pipelined requests are buffered in h11 and answered strictly in order;
+* pipelined requests are buffered (by the connection or h11) and answered strictly in order;
 * EOF or a reset while a request is in flight becomes ``http.disconnect`` at once (and cancels
   the cancel scope registered through the ``tritask.request_watch`` extension, see below);
 * idle keep-alive connections are closed after ``keep_alive_timeout``;
@@ -24,6 +24,18 @@ completed in one go (the start, then a single body message without ``more_body``
 ``Content-Length`` in one write; a streamed one is sent chunked. ``Expect: 100-continue`` is
 answered when the application asks for the body. Sending after the peer went away is a no-op
 (like hypercorn), never an exception.
+
+**Fast paths.** h11's event machinery costs several times what a small JSON-RPC request needs,
+so the common case skips it both ways, and h11 stays the authority on everything else. A
+complete, plain HTTP/1.1 keep-alive request already in the buffer (``_parse_simple``: head and
+whole body, nothing unusual) is read without h11: while the fast path reads, the connection
+keeps received bytes itself and h11, idle and with an empty buffer, never sees the request.
+Anything else (a head or body still arriving, chunked, ``Expect``, obs-fold, a duplicate
+``Content-Length``, HTTP/1.0, ``Connection: close``, malformed bytes...) is handed to h11 with
+everything buffered, and h11 reads requests until it is idle again with nothing buffered. A
+complete response with plain headers is written directly (``_Cycle._direct``); one h11 must
+write (streamed, unusual) to a request the fast path read is preceded by telling h11 of an
+equivalent request (``_SHADOW_REQUEST``), so h11 frames it as it would have.
 
 **The ``tritask.request_watch`` extension.** The scope advertises
 ``scope["extensions"]["tritask.request_watch"] == {}``. An application may then send one
