@@ -1448,7 +1448,7 @@ class PostgresStore:
         statement error aborts the whole transaction (nothing is committed): the items then
         run alone (``Item.fall_back``), so the error reaches the operation it belongs to. A
         connection lost once the ``COMMIT`` was sent leaves its outcome unknown: every item
-        gets that error.
+        sent gets that error (a settle left out still runs alone).
         """
         pool, _ = self._opened()
         settles: list[Item] = []
@@ -1509,13 +1509,17 @@ class PostgresStore:
                 try:
                     done = await session.pipeline(*calls, (COMMIT, None))
                 except psycopg.Error as exc:
-                    if exc.sqlstate is not None:
-                        raise _RolledBack from exc  # the server refused a statement
+                    if exc.sqlstate is not None or isinstance(exc, psycopg.DataError):
+                        # The server refused a statement, or the client a parameter (text
+                        # with a NUL) before sending anything: nothing was committed.
+                        raise _RolledBack from exc
                     raise _Unknown(exc) from exc
         except _RolledBack:
             return  # nothing was committed: every item runs alone
         except _Unknown as unknown:
-            for item in items:  # the COMMIT's outcome is unknown, as it would be alone
+            # The COMMIT's outcome is unknown, as it would be alone. A settle left out of the
+            # batch was never sent: it stays undecided and runs alone.
+            for item in (*settles, *inserts):
                 item.decide(outcome.Error(copy.copy(unknown.error)))
             return
         for index, (_, parse) in enumerate(admitted_calls):
@@ -1622,7 +1626,8 @@ class PostgresStore:
         ]
     ]:
         """A batch's insertions as statements, each with what reads its items' outcomes from
-        its result: the stamped ones as one statement (``insert_many``), others one each."""
+        its result: the stamped ones as one statement (``insert_many``), others one each;
+        each kind in task-id order (see ``insert_many``)."""
         calls: list[
             tuple[
                 tuple[Statement, Mapping[str, object]],
@@ -1659,7 +1664,7 @@ class PostgresStore:
                 channel=self._channel,
             )
             calls.append(((self._q.insert_many, params), functools.partial(_many, stamped)))
-        for item in items:
+        for item in sorted(items, key=lambda item: item.payload.task_id):
             if not item.payload.stamp:
                 insert = item.payload
                 calls.append(((insert.stmt, insert.params), functools.partial(_one, item)))
@@ -2184,8 +2189,10 @@ class _Queries:
         self.write_releasing = write(releasing=True)
         # A batch's stamped creations in one statement (``PostgresStore._insert_calls``): one
         # row per creation from one array per column, one clock for all, each row as
-        # ``insert_stamped`` writes it. Its answer: the clock, then one row per inserted task
-        # (none: the clock alone, with NULLs).
+        # ``insert_stamped`` writes it. Rows go in in task-id order, as settles lock theirs:
+        # an insertion waits for another transaction's uncommitted one of the same id, so two
+        # hosts inserting the same new ids in opposite orders would deadlock. Its answer: the
+        # clock, then one row per inserted task (none: the clock alone, with NULLs).
         stamped = f"(b.head || {instant} || b.middle || {instant} || b.tail)::json"
         self.insert_many = q(
             "WITH n AS MATERIALIZED (SELECT {now} AS now),"
@@ -2206,7 +2213,7 @@ class _Queries:
             " CASE WHEN b.owner IS NULL THEN NULL"
             f" ELSE LEAST(n.now::numeric + b.lease_us, {_MAX_BIGINT})::bigint END,"
             " b.queued, b.key, b.lim FROM b, n"
-            f" WHERE n.now BETWEEN 0 AND {MAX_INSTANT} ORDER BY b.ord"
+            f" WHERE n.now BETWEEN 0 AND {MAX_INSTANT} ORDER BY b.task_id"
             " ON CONFLICT (task_id) DO NOTHING"
             " RETURNING task_id, created_at_us, claim_expires_at_us, record::text),"
             " nt AS (SELECT pg_notify(%(channel)s::text, b.payload) FROM b"
