@@ -924,7 +924,9 @@ class SqliteStore:
                     raise CorruptRecord("the concurrency columns are not a key and a limit")
                 concurrency = Concurrency(concurrency_key, concurrency_limit)
             return _Row(snapshot, _scope_key(scope), generation, claim, queued_message, concurrency)
-        except (ValueError, TypeError) as exc:  # CorruptRecord and CodecError are ValueErrors
+        # CorruptRecord and CodecError are ValueErrors; RecursionError: JSON nested deeper than
+        # the standard library's decoder recurses (schema 5 no longer runs json_valid on writes).
+        except (ValueError, TypeError, RecursionError) as exc:
             raise CorruptStore(str(task_id), str(exc)) from exc
 
     def _ledger(self, conn: sqlite3.Connection, row: _Row) -> list[LedgerEntry]:
@@ -2114,7 +2116,7 @@ class SqliteStore:
                 return NOT_FOUND
             try:
                 scope = _scope_key(raw[0])
-            except (ValueError, TypeError) as exc:
+            except (ValueError, TypeError, RecursionError) as exc:
                 raise CorruptStore(task_id, str(exc)) from exc
             return Access(store_id=self._id, action=action, task_id=task_id, scope=scope)
 

@@ -344,6 +344,70 @@ async def test_json_text_that_is_not_json_is_refused_on_read(
         assert [f.task_id for f in page.findings] == ["task-1"]
 
 
+#: A JSON array nested deeper than Python's recursion limit (the standard library's decoder
+#: raises RecursionError on it, orjson does not; SQLite's json_valid() of schemas 1 to 4
+#: refused anything nested 2,000 deep or more, schema 5 no longer parses it).
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize(
+    ("tamper", "read"),
+    [
+        ("UPDATE tritask_tasks SET scope = '{\"value\":' || :deep || ',\"version\":1}'", "task"),
+        (
+            "UPDATE tritask_tasks SET record"
+            " = replace(record, '\"input\":{', '\"input\":{\"deep\":' || :deep || ',')",
+            "task",
+        ),
+        (
+            "UPDATE tritask_task_events SET event = '{\"data\":' || :deep || '}'"
+            " WHERE event_id = 'ask-1'",
+            "ledger",
+        ),
+        (
+            "UPDATE tritask_task_events SET effects = '{\"a\":' || :deep || '}'"
+            " WHERE event_id = 'ask-1'",
+            "ledger",
+        ),
+    ],
+)
+async def test_json_nested_beyond_the_recursion_limit_is_refused_on_read(
+    tmp_path: Path, tamper: str, read: str
+) -> None:
+    """JSON that starts with '{' and nests deeper than the decoder can recurse (a foreign
+    writer's: tritask refuses input nested more than 200 deep) passes schema 5's CHECKs; every
+    read refuses it with CorruptStore and audit reports it, instead of a RecursionError escaping
+    the store (audit failing as a whole)."""
+    path, clock = tmp_path / "tasks.db", ManualClock()
+    async with sqlite_store(path, clock) as store:
+        await busy_task(store)
+        access = await store.authorize(A, Action.GET, "task-1")
+    with raw(path) as conn:
+        assert conn.execute(tamper, {"deep": DEEP}).rowcount == 1
+    async with sqlite_store(path, clock) as store:
+        if read == "task":
+            with pytest.raises(CorruptStore) as caught:
+                await store.get("task-1", access)
+            assert caught.value.task_id == "task-1"
+            with pytest.raises(CorruptStore):
+                await store.list_tasks(TaskQuery())
+            with pytest.raises(CorruptStore):
+                await store.claim("task-1", "owner", LEASE_MS)
+            if "SET scope" in tamper:
+                with pytest.raises(CorruptStore):
+                    await store.operator_access("task-1", Action.CANCEL)
+        else:
+            with pytest.raises(CorruptStore, match="ledger"):
+                await store.history("task-1")
+            with pytest.raises(CorruptStore, match="ledger"):
+                await store.inspect_task("task-1")
+        page = await store.audit()
+        assert [f.task_id for f in page.findings] == ["task-1"]
+        # The store is still usable after the refusal.
+        await create(store, "task-2")
+        assert (await get(store, "task-2")).task.id == "task-2"
+
+
 @pytest.mark.parametrize(
     ("column", "value"),
     [

@@ -810,7 +810,9 @@ def decode_ledger(snapshot: Snapshot, rows: Iterable[tuple[Any, ...]]) -> list[L
             )
         if entries and entries[-1].committed_at != task.last_updated_at:
             raise CorruptRecord("the last ledger commit time is not lastUpdatedAt")
-    except (ValueError, TypeError) as exc:  # CorruptRecord and CodecError are ValueErrors
+    # CorruptRecord and CodecError are ValueErrors; RecursionError: JSON nested deeper than the
+    # standard library's decoder recurses (a store that does not check JSON on writes keeps it).
+    except (ValueError, TypeError, RecursionError) as exc:
         raise CorruptStore(task.id, f"ledger: {exc}") from exc
     return entries
 
