@@ -169,6 +169,11 @@ def migrate_connection(conn: psycopg.Connection[Any], schema: str) -> MigrationR
     migrations = load_migrations()
     ident = sql.Identifier(schema)
     with conn.transaction():
+        # READ COMMITTED whatever the database's or role's default_transaction_isolation: a
+        # migration that reads the rows after locking a table (0004 seeds task_counts after
+        # LOCK TABLE tasks) must see what the writers it waited for committed, not the
+        # snapshot of the transaction's first statement.
+        conn.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
         conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (MIGRATE_LOCK_CLASS, schema))
         conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident))
         conn.execute(

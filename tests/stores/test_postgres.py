@@ -18,6 +18,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
+import psycopg
 import pytest
 import trio
 from postgres_support import SchemaFactory, connect, pg_schemas, postgres_dsn
@@ -1112,3 +1113,65 @@ async def test_a_schema_3_store_migrates_to_task_counts_with_identical_reads(
         assert await trio.to_thread.run_sync(counts) == [(16, len(ids), len(ids))]
         await create(store, "room-again")
         assert await trio.to_thread.run_sync(counts) == [(16, len(ids) + 1, len(ids) + 1)]
+
+
+async def test_task_counts_are_seeded_exactly_whatever_the_default_isolation(
+    pg_schemas: SchemaFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """0004 seeds ``task_counts`` with ``count(*)`` after ``LOCK TABLE tasks``, which waits for
+    the writers in flight: the count must see what they committed meanwhile. On a database or
+    role whose ``default_transaction_isolation`` is ``repeatable read`` the migration's snapshot
+    would be its first statement's, taken before the lock, and the count one short for good
+    (``max_tasks`` admitting one task too many forever): ``migrate`` runs at READ COMMITTED."""
+    schema = pg_schemas.name()
+    shipped = migrations.load_migrations()
+    with monkeypatch.context() as patched:
+        patched.setattr(migrations, "load_migrations", lambda: shipped[:3])
+        assert (await migrate(pg_schemas.dsn, schema=schema)).applied == (1, 2, 3)
+        async with pg_store(
+            pg_schemas, schema, max_tasks=None, max_active_tasks_per_scope=None
+        ) as store:
+            await create(store, "first")
+    ident = sql.Identifier(schema)
+    writer = psycopg.Connection.connect(pg_schemas.dsn, connect_timeout=5)  # in a transaction
+    migrator = connect(pg_schemas.dsn)
+    try:
+        migrator.execute("SET default_transaction_isolation = 'repeatable read'")
+        # A host of the previous release inserting a task, not yet committed.
+        writer.execute(
+            sql.SQL(
+                "INSERT INTO {}.tasks SELECT (jsonb_populate_record(t,"
+                " jsonb_build_object('task_id', 'second'))).* FROM {}.tasks t"
+                " WHERE task_id = 'first'"
+            ).format(ident, ident)
+        )
+        (migrator_pid,) = migrator.execute("SELECT pg_backend_pid()").fetchone() or (None,)
+        outcome: list[object] = []
+        thread = threading.Thread(
+            target=lambda: outcome.append(migrations.migrate_connection(migrator, schema))
+        )
+        thread.start()
+        with connect(pg_schemas.dsn) as watcher:
+            for _ in range(500):  # until the migration waits for the writer's lock
+                waiting = watcher.execute(
+                    "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
+                    (migrator_pid,),
+                ).fetchone()
+                if waiting is not None and waiting[0]:
+                    break
+                await trio.sleep(0.01)
+            else:
+                raise AssertionError("the migration never waited for the writer")
+        writer.commit()
+        await trio.to_thread.run_sync(thread.join)
+        assert [getattr(r, "applied", r) for r in outcome] == [(4,)]
+    finally:
+        writer.close()
+        migrator.close()
+    with connect(pg_schemas.dsn) as conn:
+        counted = conn.execute(
+            sql.SQL(
+                "SELECT sum(tasks)::bigint, (SELECT count(*) FROM {}.tasks) FROM {}.task_counts"
+            ).format(ident, ident)
+        ).fetchone()
+    assert counted == (2, 2)
