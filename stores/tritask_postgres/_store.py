@@ -304,6 +304,24 @@ class _RolledBack(Exception):
     """A batch's transaction failed before its commit: nothing of it was committed."""
 
 
+#: The sqlstates with which the server ends a connection (administrator or crash shutdown);
+#: class 08 is the connection's own failure.
+_CONNECTION_ENDED: Final = frozenset({"57P01", "57P02", "57P03"})
+
+
+def _connection_ended(exc: psycopg.Error) -> bool:
+    """Whether ``exc`` ended the connection (a ``FATAL`` error) rather than refused a
+    statement: sent while a ``COMMIT`` was on its way, that transaction may have committed
+    first (a backend terminated while it waits for synchronous replication has committed
+    locally), so its outcome is unknown."""
+    sqlstate = exc.sqlstate
+    return (
+        exc.diag.severity_nonlocalized in ("FATAL", "PANIC")
+        or sqlstate in _CONNECTION_ENDED
+        or (sqlstate is not None and sqlstate.startswith("08"))
+    )
+
+
 class _Unknown(Exception):
     """A batch's connection failed after its ``COMMIT`` was sent."""
 
@@ -1509,7 +1527,9 @@ class PostgresStore:
                 try:
                     done = await session.pipeline(*calls, (COMMIT, None))
                 except psycopg.Error as exc:
-                    if exc.sqlstate is not None or isinstance(exc, psycopg.DataError):
+                    if (exc.sqlstate is not None and not _connection_ended(exc)) or (
+                        exc.sqlstate is None and isinstance(exc, psycopg.DataError)
+                    ):
                         # The server refused a statement, or the client a parameter (text
                         # with a NUL) before sending anything: nothing was committed.
                         raise _RolledBack from exc

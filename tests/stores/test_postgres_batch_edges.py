@@ -22,7 +22,7 @@ from psycopg import sql
 from test_postgres_batch import GUARD, RESULT, create_claimed, unlimited
 from tritask_postgres import PostgresStore
 from tritask_postgres._changes import change_payload
-from tritask_postgres._native import Result, Session, Statement
+from tritask_postgres._native import COMMIT, Result, Session, Statement
 from tritask_postgres._store import CAPACITY_LOCK_CLASS
 from tritask_postgres._wakeups import WakeupKind, notify_payload
 
@@ -378,3 +378,46 @@ async def queue_one(store: PostgresStore, task_id: str) -> Any:
     return await store.submit(
         new_task(task_id, 0, None, None), work, access, owner_id=None, lease_ms=60_000
     )
+
+
+async def test_a_connection_the_server_ends_once_the_commit_was_sent_is_an_unknown_outcome(
+    pg_schemas: SchemaFactory,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A server that ends the connection (``FATAL``: an administrator's or a crash's shutdown)
+    while a batch's ``COMMIT`` is on its way may have committed it first (a backend terminated
+    while it waits for synchronous replication has committed locally). Its error has a
+    sqlstate, but it is no refused statement: the batch's callers get it, as each would alone,
+    instead of running again (a creation would then find its own task: AlreadyExists)."""
+    schema = await pg_schemas.migrated()
+    async with unlimited(pg_schemas, schema) as store:
+        assert store._batcher is not None
+        hold = await create_claimed(store, "hold")
+        pipeline = Session.pipeline
+        armed: set[Session] = set()
+
+        async def ended_after_commit(
+            self: Session, *calls: tuple[Statement, Mapping[str, object] | None]
+        ) -> list[Result]:
+            done = await pipeline(self, *calls)
+            ids = [(p or {}).get("ids") for stmt, p in calls if stmt is store._q.insert_many]
+            if any(isinstance(i, list) and "n0" in i for i in ids):
+                armed.add(self)
+            elif self in armed and calls[-1][0] is COMMIT:
+                armed.discard(self)
+                raise psycopg.errors.AdminShutdown("terminating connection")  # committed
+            return done
+
+        monkeypatch.setattr(Session, "pipeline", ended_after_commit)
+        found: dict[str, Any] = {}
+        calls = [(f"n{n}", functools.partial(submit, store, f"n{n}")) for n in range(4)]
+        lock = sql.SQL("SELECT 1 FROM {}.tasks WHERE task_id = 'hold' FOR UPDATE")
+        first = functools.partial(store.settle, "hold", 0, Event.completed(RESULT), hold.lease)
+        with trio.fail_after(GUARD):
+            async with trio.open_nursery() as nursery:
+                with held(pg_schemas.dsn, lock.format(sql.Identifier(schema))):
+                    await queued_behind(nursery, first, calls, found)
+        for n in range(4):
+            assert isinstance(found[f"n{n}"], psycopg.errors.AdminShutdown), found[f"n{n}"]
+            assert not isinstance(await store.inspect_task(f"n{n}"), NotFound)  # committed
+        assert store._batcher.alone == 0
