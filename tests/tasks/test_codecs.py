@@ -55,6 +55,9 @@ from tritask.tasks.work import (
     TraceContext,
     Work,
     canonical_json,
+    canonical_size,
+    canonical_text,
+    clone_json,
     ensure_json,
     stored_text,
 )
@@ -316,6 +319,60 @@ def test_ensure_json_refuses_deep_nesting() -> None:
         value = [value]
     with pytest.raises(InvalidJSON, match="nested"):
         ensure_json(value)
+
+
+@pytest.mark.parametrize("empty", [{}, [], 1])
+@pytest.mark.parametrize("wrap", [lambda inner: [inner], lambda inner: {"k": inner}])
+@HARDENING
+def test_ensure_json_depth_limit_is_exact(empty: object, wrap: Callable[[object], object]) -> None:
+    """200 levels of containers around an empty one (or a scalar) are JSON, 201 are not; an
+    empty container or a scalar is taken without a call of its own, at the same limit."""
+
+    def nest(levels: int) -> object:
+        value = copy.deepcopy(empty)
+        for _ in range(levels):
+            value = wrap(value)
+        return value
+
+    assert ensure_json(nest(200)) == nest(200)
+    assert clone_json(nest(200)) == nest(200)
+    with pytest.raises(InvalidJSON, match="nested more than 200 levels deep"):
+        ensure_json(nest(201))
+
+
+def _shares_containers(a: object, b: object) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a is b or any(_shares_containers(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return a is b or any(_shares_containers(x, y) for x, y in zip(a, b, strict=True))
+    return False
+
+
+@given(json_values)
+@HARDENING
+def test_ensure_json_and_clone_json_copy_exactly(value: object) -> None:
+    for copied in (ensure_json(value), clone_json(value)):
+        assert canonical_json(copied) == canonical_json(value)
+        assert not _shares_containers(copied, value)
+
+
+@given(st.lists(json_values, min_size=1, max_size=4))
+@HARDENING
+def test_canonical_size_is_the_sum_of_the_texts(values: list[object]) -> None:
+    expected = sum(len(canonical_text(value).encode("utf-8")) for value in values)
+    assert canonical_size(*values) == expected
+
+
+@HARDENING
+def test_ensure_json_normalises_keys_and_refuses_others_at_depth() -> None:
+    class Key(str):
+        pass
+
+    copied = ensure_json({"a": [{Key("k"): []}]})
+    assert copied == {"a": [{"k": []}]}
+    assert [type(key) for key in copied["a"][0]] == [str]
+    with pytest.raises(InvalidJSON, match="non-string object key 1"):
+        ensure_json({"a": [{"b": {}, 1: "x"}]})
 
 
 @HARDENING

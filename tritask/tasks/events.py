@@ -37,6 +37,7 @@ __all__ = [
     "InvalidEvent",
     "RetryEffect",
     "check_step_outcome",
+    "completed_event",
     "derived_event_id",
     "effects_from_json",
     "effects_to_json",
@@ -325,6 +326,23 @@ class Event:
 
 def _id(value: str | None) -> str:
     return new_event_id() if value is None else value
+
+
+_SET_ID, _SET_KIND, _SET_DATA = (Event.__dict__[name].__set__ for name in ("id", "kind", "data"))
+
+
+def completed_event(result: JSONObject) -> Event:
+    """``Event.completed(result)`` for a result the caller has just checked and copied (the
+    output of :func:`~tritask.tasks.work.ensure_json_object`) and hands over: the event holds
+    it as it is instead of walking and copying it a second time (the runner's settle of a
+    validated outcome). Everything else is checked as the constructor checks it."""
+    event: Event = object.__new__(Event)
+    _SET_ID(event, new_event_id())
+    _SET_KIND(event, EventKind.COMPLETED)
+    data = {"result": result}
+    _validate(EventKind.COMPLETED, data)
+    _SET_DATA(event, data)
+    return event
 
 
 # -- effects ------------------------------------------------------------------------------------

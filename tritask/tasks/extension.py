@@ -72,7 +72,7 @@ from tritask.tasks.store import (
     work_tool,
 )
 from tritask.tasks.stores import open_store
-from tritask.tasks.work import Origin, RetryPolicy, Work, canonical_json, canonical_text
+from tritask.tasks.work import Origin, RetryPolicy, Work, canonical_json, canonical_size
 
 log = logging.getLogger("tritask.tasks")
 
@@ -834,10 +834,14 @@ class Tasks(Extension):
             raise InternalError("Task work idempotency key must match its task id")
         if self.max_work_input_bytes is not None:
             # Work.tool_call has just checked and copied the input: no second check needed.
-            text = canonical_json(work.input) if built else canonical_text(work.input)
-            size = len(text.encode("utf-8"))
-            if work.origin is not None:
-                size += work.origin.size()
+            if built:
+                size = len(canonical_json(work.input).encode("utf-8"))
+                if work.origin is not None:
+                    size += work.origin.size()
+            elif work.origin is not None:
+                size = work.origin.size(work.input)  # (one encoding of the three)
+            else:
+                size = canonical_size(work.input)
             if size > self.max_work_input_bytes:
                 raise InvalidParams(f"Task input is larger than {self.max_work_input_bytes} bytes")
         ttl = self.ttl_ms if isinstance(options.ttl_ms, _Default) else options.ttl_ms

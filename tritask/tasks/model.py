@@ -546,7 +546,8 @@ def _copier(cls: type, json_fields: frozenset[str], nested: Mapping[str, str]) -
     for name in setters:
         value = f"r.{name}"
         if name in json_fields:
-            value = f"None if (v := r.{name}) is None else _json(v)"
+            # (an empty object, the usual JSON field, is copied without a call of Python)
+            value = f"None if (v := r.{name}) is None else _json(v) if v else v.copy()"
         elif name in nested:
             value = f"None if (v := r.{name}) is None else {nested[name]}(v)"
         lines.append(f"    _set_{name}(new, {value})")

@@ -31,6 +31,7 @@ __all__ = [
     "TraceContext",
     "Work",
     "canonical_json",
+    "canonical_size",
     "canonical_text",
     "clone_json",
     "ensure_json",
@@ -69,28 +70,61 @@ _SCALARS = frozenset({str, int, bool, type(None)})
 
 def _copy(value: object, what: str, depth: int) -> Any:
     kind = type(value)
+    if kind is dict:
+        if not value:
+            if depth > _MAX_DEPTH:
+                raise InvalidJSON(f"{what} is nested more than {_MAX_DEPTH} levels deep")
+            return {}
+        if depth >= _MAX_DEPTH:
+            raise InvalidJSON(f"{what} is nested more than {_MAX_DEPTH} levels deep")
+        # Its items are at most _MAX_DEPTH deep: an empty container or a scalar among them is
+        # within the limit and taken as it is (a new empty one), without a call of its own.
+        deeper = depth + 1
+        out: dict[str, Any] = {}
+        for key, item in value.items():  # type: ignore[attr-defined]
+            if type(key) is not str:
+                key = _key(key, what)
+            kind = type(item)
+            if kind in _SCALARS:
+                out[key] = item
+            elif kind in _CONTAINER_TYPES and not item:
+                out[key] = kind()  # an empty object or array: a new one, without a call
+            else:
+                out[key] = _copy(item, what, deeper)
+        return out
+    if kind is list:
+        if not value:
+            if depth > _MAX_DEPTH:
+                raise InvalidJSON(f"{what} is nested more than {_MAX_DEPTH} levels deep")
+            return []
+        if depth >= _MAX_DEPTH:
+            raise InvalidJSON(f"{what} is nested more than {_MAX_DEPTH} levels deep")
+        deeper = depth + 1
+        items: list[Any] = []
+        for item in value:  # type: ignore[attr-defined]
+            kind = type(item)
+            if kind in _SCALARS:
+                items.append(item)
+            elif kind in _CONTAINER_TYPES and not item:
+                items.append(kind())
+            else:
+                items.append(_copy(item, what, deeper))
+        return items
     if kind in _SCALARS:
         if depth > _MAX_DEPTH:
             raise InvalidJSON(f"{what} is nested more than {_MAX_DEPTH} levels deep")
         return value
-    if kind is dict or kind is list:
-        if depth >= _MAX_DEPTH and (depth > _MAX_DEPTH or value):
-            raise InvalidJSON(f"{what} is nested more than {_MAX_DEPTH} levels deep")
-        deeper = depth + 1
-        if kind is list:
-            return [
-                item if type(item) in _SCALARS else _copy(item, what, deeper)
-                for item in value  # type: ignore[attr-defined]
-            ]
-        out: dict[str, Any] = {}
-        for key, item in value.items():  # type: ignore[attr-defined]
-            if type(key) is not str:
-                if not isinstance(key, str):
-                    raise InvalidJSON(f"{what} has a non-string object key {key!r}")
-                key = str.__str__(key)
-            out[key] = item if type(item) in _SCALARS else _copy(item, what, deeper)
-        return out
     return _copy_other(value, what, depth)
+
+
+_CONTAINER_TYPES = frozenset({dict, list})
+
+
+def _key(key: object, what: str) -> str:
+    """An object key that is not exactly a ``str``: a subclass normalised, anything else refused."""
+    if not isinstance(key, str):
+        raise InvalidJSON(f"{what} has a non-string object key {key!r}")
+    return str.__str__(key)
 
 
 def _copy_other(value: object, what: str, depth: int) -> Any:
@@ -127,7 +161,7 @@ def ensure_json_object(value: object, *, what: str = "value") -> JSONObject:
         return {}  # (the usual empty field of a record: a new dict, without the walk)
     if not isinstance(value, dict):
         raise InvalidJSON(f"{what} must be a JSON object, not {type(value).__name__}")
-    result: JSONObject = ensure_json(value, what=what)
+    result: JSONObject = _copy(value, what, 0)
     return result
 
 
@@ -139,7 +173,20 @@ def canonical_json(value: object) -> str:
 def canonical_text(value: Any) -> str:
     """:func:`canonical_json` of a value that is already checked JSON (the output of
     :func:`ensure_json`, e.g. a field of a ``Work`` or an ``Event``): nothing is copied."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _CANONICAL.encode(value)
+
+
+_CANONICAL: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+"""What ``json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)`` builds
+on every call, built once (an encoder keeps no state between ``encode`` calls)."""
+
+
+def canonical_size(*values: Any) -> int:
+    """The sum of the UTF-8 sizes of :func:`canonical_text` of each of ``values`` (checked
+    JSON), from one encoding: the text of the list of them, less its brackets and commas."""
+    if len(values) == 1:
+        return len(canonical_text(values[0]).encode("utf-8"))
+    return len(canonical_text(list(values)).encode("utf-8")) - len(values) - 1
 
 
 def stored_text(value: Any) -> str:
@@ -164,22 +211,25 @@ def clone_json(value: _T) -> _T:
     kind = type(value)
     if kind is dict:
         if not value:
-            return {}  # type: ignore[return-value]  # (an empty field: no comprehension to run)
-        return {  # type: ignore[return-value]
-            key: clone_json(item) if type(item) in _CONTAINERS else item
-            for key, item in value.items()  # type: ignore[attr-defined]
-        }
+            return {}  # type: ignore[return-value]  # (an empty field: no loop to run)
+        out: dict[str, Any] = {}
+        for key, item in value.items():  # type: ignore[attr-defined]
+            kind = type(item)
+            if kind is dict or kind is list:
+                out[key] = clone_json(item) if item else kind()
+            else:
+                out[key] = item
+        return out  # type: ignore[return-value]
     if kind is list:
-        if not value:
-            return []  # type: ignore[return-value]
-        return [  # type: ignore[return-value]
-            clone_json(item) if type(item) in _CONTAINERS else item
-            for item in value  # type: ignore[attr-defined]
-        ]
+        items: list[Any] = []
+        for item in value:  # type: ignore[attr-defined]
+            kind = type(item)
+            if kind is dict or kind is list:
+                items.append(clone_json(item) if item else kind())
+            else:
+                items.append(item)
+        return items  # type: ignore[return-value]
     return value
-
-
-_CONTAINERS = (dict, list)
 
 
 def unchecked_evolve(record: _T, **changes: Any) -> _T:
@@ -463,10 +513,10 @@ class Origin:
     def client_info(self) -> JSONObject | None:
         return clone_json(self._client_info)
 
-    def size(self) -> int:
-        """Its JSON's size in UTF-8 bytes (it counts against ``max_work_input_bytes``)."""
-        texts = (canonical_text(self._capabilities), canonical_text(self._client_info))
-        return sum(len(text.encode("utf-8")) for text in texts)
+    def size(self, *others: Any) -> int:
+        """Its JSON's size in UTF-8 bytes (it counts against ``max_work_input_bytes``), plus
+        that of each of ``others`` (checked JSON: the work's input), in one encoding."""
+        return canonical_size(*others, self._capabilities, self._client_info)
 
     def to_json(self) -> JSONObject:
         return {
