@@ -235,9 +235,14 @@ def loads_wire(data: bytes | str) -> JSONValue:
     return value
 
 
+_ENCODER: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+"""What ``json.dumps`` builds on every call with these options (it keeps one only for the
+defaults); its configuration is all it holds, each ``encode`` starts afresh."""
+
+
 def dumps(value: JSONValue) -> str:
     """Compact JSON with no embedded newlines (stdio frames are one line)."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _ENCODER.encode(value)
 
 
 def _valid_id(value: object) -> bool:

@@ -83,6 +83,7 @@ Authenticate = Callable[[HeaderView], Awaitable[Any]]
 
 DEFAULT_MAX_BODY: Final = 4 * 1024 * 1024
 LOOPBACK_HOSTS: Final[tuple[str, ...]] = ("127.0.0.1", "localhost", "[::1]", "::1")
+_VERDICTS_KEPT: Final = 64
 
 
 class Unauthenticated(Exception):
@@ -149,6 +150,10 @@ class HttpTransport:
         base = options or HttpOptions()
         self.options = attrs.evolve(base, **overrides) if overrides else base
         self._allowed_hosts: tuple[tuple[str, ...] | None, frozenset[str]] = (None, frozenset())
+        # Verdicts on the few Host and Accept values a deployment sees (every request sends
+        # one), computed once each; bounded, so varied values cost the computation, not memory.
+        self._host_verdicts: dict[str, bool] = {}
+        self._accept_verdicts: dict[tuple[str, ...], bool] = {}
         auth = self.options.auth if self.options.auth is not None else app.auth
         if auth is not None and not isinstance(auth, BearerAuth):
             raise TypeError("auth must be a tritask.auth.BearerAuth")
@@ -217,7 +222,25 @@ class HttpTransport:
         if cached is not allowed:
             lowered = frozenset(h.lower() for h in allowed)
             self._allowed_hosts = (allowed, lowered)
-        return _host_only(host) in lowered
+            self._host_verdicts = {}
+        verdicts = self._host_verdicts
+        verdict = verdicts.get(host)
+        if verdict is None:
+            verdict = _host_only(host) in lowered
+            if len(verdicts) < _VERDICTS_KEPT:
+                verdicts[host] = verdict
+        return verdict
+
+    def _accepted(self, headers: HeaderView) -> bool:
+        """``Accept`` lists both JSON and SSE (``_accepts_both``), remembered per value."""
+        values = headers.get_all("accept")
+        verdicts = self._accept_verdicts
+        verdict = verdicts.get(values)
+        if verdict is None:
+            verdict = _accepts_both(values)
+            if len(verdicts) < _VERDICTS_KEPT:
+                verdicts[values] = verdict
+        return verdict
 
     def _origin_allowed(self, headers: HeaderView) -> bool:
         origin = headers.get("origin")
@@ -366,7 +389,7 @@ class HttpTransport:
                 error_message(None, InvalidRequest("Content-Type must be application/json")),
             )
             return
-        if not _accepts_both(headers.get_all("accept")):
+        if not self._accepted(headers):
             await _error(
                 send,
                 406,
