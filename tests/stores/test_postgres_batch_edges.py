@@ -1,6 +1,7 @@
 """PostgreSQL group commit at its edges: one caller's refused parameter, two hosts batching the
-same ids in opposite orders, text that the batch's ``text[]`` arrays must carry exactly, a
-connection lost after the ``COMMIT``, and the order of a batch's ``NOTIFY``s.
+same ids (creations or settles) in opposite orders, text that the batch's ``text[]`` arrays
+must carry exactly, a connection lost or ended after the ``COMMIT``, the order of a batch's
+``NOTIFY``s, and one batch of every kind of work under a limit it fills partway.
 
 Each test forms its batches deterministically: a first batch is held (by a lock another
 connection holds) while the callers of the next one queue behind it in a known order.
@@ -30,11 +31,14 @@ from tritask.tasks.events import Event
 from tritask.tasks.model import TaskStatus, new_task
 from tritask.tasks.store import (
     Action,
+    CapacityExceeded,
     Claimed,
+    Conflict,
     NotFound,
     StoredTask,
     TaskInspection,
     Transition,
+    WorkerAuthority,
 )
 from tritask.tasks.work import Work
 
@@ -421,3 +425,120 @@ async def test_a_connection_the_server_ends_once_the_commit_was_sent_is_an_unkno
             assert isinstance(found[f"n{n}"], psycopg.errors.AdminShutdown), found[f"n{n}"]
             assert not isinstance(await store.inspect_task(f"n{n}"), NotFound)  # committed
         assert store._batcher.alone == 0
+
+
+async def test_one_batch_of_every_kind_under_limits_answers_each_caller_its_own(
+    pg_schemas: SchemaFactory,  # noqa: F811
+) -> None:
+    """One batch under max_tasks holding settles that apply, one with a stale revision, one
+    whose event is already in the ledger (it replays and releases the claim: a statement of its
+    own), a second settle of a task (left out, it runs alone after) and creations that fill the
+    store partway: the creations are admitted in queue order up to the limit and exactly the
+    ones beyond it are refused, and every settle gets its own answer."""
+    schema = await pg_schemas.migrated()
+    store = PostgresStore(
+        pg_schemas.dsn,
+        schema=schema,
+        scope="shared",
+        max_tasks=9,
+        max_active_tasks_per_scope=None,
+    )
+    async with store:
+        assert store._batcher is not None
+        made = {name: await submit(store, name) for name in ("hold", "a", "b", "c", "r", "d")}
+        done = Event.completed(RESULT)
+        early = await store.transition("r", 0, done, WorkerAuthority(made["r"].lease))
+        assert isinstance(early, Transition) and early.outcome == "applied"
+        calls: list[tuple[str, Any]] = [
+            (
+                "b",
+                functools.partial(store.settle, "b", 0, Event.completed(RESULT), made["b"].lease),
+            ),
+            ("n0", functools.partial(submit, store, "n0")),
+            ("a", functools.partial(store.settle, "a", 0, done, made["a"].lease)),
+            (
+                "c",
+                functools.partial(store.settle, "c", 3, Event.completed(RESULT), made["c"].lease),
+            ),
+            ("n1", functools.partial(submit, store, "n1")),
+            ("r", functools.partial(store.settle, "r", 0, done, made["r"].lease)),
+            ("a-again", functools.partial(store.settle, "a", 0, done, made["a"].lease)),
+            ("n2", functools.partial(submit, store, "n2")),
+            ("n3", functools.partial(submit, store, "n3")),
+            (
+                "d",
+                functools.partial(store.settle, "d", 0, Event.completed(RESULT), made["d"].lease),
+            ),
+            ("n4", functools.partial(submit, store, "n4")),
+        ]
+        found: dict[str, Any] = {}
+        lock = sql.SQL("SELECT 1 FROM {}.tasks WHERE task_id = 'hold' FOR UPDATE")
+        first = functools.partial(store.settle, "hold", 0, done, made["hold"].lease)
+        with trio.fail_after(GUARD):
+            async with trio.open_nursery() as nursery:
+                with held(pg_schemas.dsn, lock.format(sql.Identifier(schema))):
+                    await queued_behind(nursery, first, calls, found)
+                    batches = store._batcher.batches
+        assert store._batcher.batches == batches + 2
+        assert store._batcher.alone == 1  # a-again
+        for name in ("b", "a", "d"):
+            assert isinstance(found[name], Transition) and found[name].outcome == "applied"
+        assert isinstance(found["c"], Conflict)
+        assert isinstance(found["r"], Transition) and found["r"].outcome == "duplicate"
+        assert found["r"].event_revision == early.event_revision
+        assert isinstance(found["a-again"], Transition)
+        assert found["a-again"].outcome == "duplicate"
+        for name in ("n0", "n1", "n2"):  # 6 tasks before, room for 3
+            assert isinstance(found[name], Claimed), (name, found[name])
+        for name in ("n3", "n4"):
+            assert isinstance(found[name], CapacityExceeded), (name, found[name])
+            assert isinstance(await store.inspect_task(name), NotFound)
+        assert (await stored(store, "r")).claim is None
+        assert (await stored(store, "c")).claim is not None
+        assert await store.history("c") == []
+
+
+async def test_two_hosts_settling_the_same_tasks_in_opposite_orders_do_not_deadlock(
+    pg_schemas: SchemaFactory,  # noqa: F811
+) -> None:
+    """Two stores on one database each settle the same 40 tasks (a settle and its resend on
+    another host), one in ascending order, the other descending, meeting at a task another
+    transaction holds locked. Both lock in task-id order, so neither waits for the other in a
+    cycle: each task is applied once and replayed once, and no batch was rolled back."""
+    schema = await pg_schemas.migrated()
+    ids = [f"id{n:02}" for n in range(40)]
+    async with unlimited(pg_schemas, schema) as one, unlimited(pg_schemas, schema) as two:
+        assert one._batcher is not None and two._batcher is not None
+        claimed = {task_id: await create_claimed(one, task_id) for task_id in ids}
+        holds = {
+            store: await create_claimed(store, f"hold-{n}") for n, store in enumerate((one, two))
+        }
+        events = {task_id: Event.completed(RESULT) for task_id in ids}
+        found: dict[PostgresStore, dict[str, Any]] = {one: {}, two: {}}
+        t = sql.Identifier(schema)
+        middle = sql.SQL("SELECT 1 FROM {}.tasks WHERE task_id = 'id20' FOR UPDATE").format(t)
+        lock = sql.SQL("SELECT 1 FROM {}.tasks WHERE task_id IN ('hold-0', 'hold-1') FOR UPDATE")
+        with trio.fail_after(GUARD):
+            async with trio.open_nursery() as nursery:
+                with held(pg_schemas.dsn, middle):
+                    with held(pg_schemas.dsn, lock.format(t)):
+                        for store, order in ((one, ids), (two, ids[::-1])):
+                            lease = holds[store].lease
+                            first = functools.partial(
+                                store.settle, lease.task_id, 0, Event.completed(RESULT), lease
+                            )
+                            calls = [
+                                (
+                                    i,
+                                    functools.partial(
+                                        store.settle, i, 0, events[i], claimed[i].lease
+                                    ),
+                                )
+                                for i in order
+                            ]
+                            await queued_behind(nursery, first, calls, found[store])
+                    await waiting_on_a_transaction(pg_schemas.dsn, schema, 2)  # both at id20
+        for task_id in ids:
+            outcomes = sorted(found[store][task_id].outcome for store in (one, two))
+            assert outcomes == ["applied", "duplicate"], (task_id, outcomes)
+        assert (one._batcher.alone, two._batcher.alone) == (0, 0)
