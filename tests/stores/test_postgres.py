@@ -42,6 +42,7 @@ from tritask.tasks.store import (
     NOT_FOUND,
     UNAVAILABLE,
     Action,
+    AlreadyExists,
     CapacityExceeded,
     Claimed,
     Conflict,
@@ -1175,3 +1176,90 @@ async def test_task_counts_are_seeded_exactly_whatever_the_default_isolation(
             ).format(ident, ident)
         ).fetchone()
     assert counted == (2, 2)
+
+
+async def test_task_counts_stay_exact_across_hosts_and_every_writing_path(
+    pg_schemas: SchemaFactory,
+) -> None:
+    """The sum of ``task_counts`` is ``count(*)`` of ``tasks`` after every path that writes
+    tasks, run concurrently by two hosts (one limited, one not: different backends, so different
+    count rows or the same one, whichever their pids give): creations one by one and in batches
+    (stamped and claimed, and not), creations refused (an existing id, in a batch
+    beside admitted ones; ``max_tasks``), status changes (settle, cancel), reaping of expired
+    tasks (their ledgers go by cascade) and a ``TRUNCATE``."""
+    schema = await pg_schemas.migrated()
+    clock = ManualClock()
+    ident = sql.Identifier(schema)
+
+    def counted() -> tuple[Any, ...]:
+        with connect(pg_schemas.dsn) as conn:
+            found = conn.execute(
+                sql.SQL(
+                    "SELECT sum(tasks)::bigint, (SELECT count(*) FROM {}.tasks) FROM {}.task_counts"
+                ).format(ident, ident)
+            ).fetchone()
+        assert found is not None
+        return tuple(found)
+
+    limited = pg_store(
+        pg_schemas,
+        schema,
+        clock=clock,
+        max_tasks=70,
+        max_active_tasks_per_scope=None,
+        reap_batch_size=7,
+    )
+    free = pg_store(
+        pg_schemas, schema, clock=clock, max_tasks=None, max_active_tasks_per_scope=None
+    )
+    async with limited, free:
+        made: list[str] = []
+        refused: list[str] = []
+
+        async def make(store: PostgresStore, task_id: str, ttl_ms: int | None) -> None:
+            try:
+                if task_id.endswith("-claimed"):
+                    access = await store.authorize(A, Action.CREATE, task_id)
+                    work = Work(idempotency_key=task_id, type="contract", input={})
+                    task = new_task(task_id, await store.now(), ttl_ms, 5)
+                    await store.create_claimed_stamped(task, work, access, "owner-1", LEASE_MS)
+                else:
+                    await create(store, task_id, ttl_ms=ttl_ms)
+            except (AlreadyExists, CapacityExceeded) as exc:
+                refused.append(type(exc).__name__)
+            else:
+                made.append(task_id)
+
+        async with trio.open_nursery() as nursery:
+            for n in range(40):
+                for host, store in (("l", limited), ("f", free)):
+                    suffix = "-claimed" if n % 3 == 0 else ""
+                    ttl = 1_000 if n % 2 else None
+                    nursery.start_soon(make, store, f"{host}{n}{suffix}", ttl)
+                    nursery.start_soon(make, store, f"both{n}{suffix}", ttl)  # one host wins
+        assert len(made) == len(set(made)) and len(made) + len(refused) == 160
+        assert {"AlreadyExists", "CapacityExceeded"} <= set(refused)  # both refusals happened
+        rows = len(made)
+        assert await trio.to_thread.run_sync(counted) == (rows, rows)
+        # Settles and cancellations change statuses, not the number of tasks.
+        lease = await claimed(free, "f1")
+        assert isinstance(await limited.settle("f1", 0, Event.completed({}), lease), Transition)
+        cancel = RequestAuthority(await limited.authorize(A, Action.CANCEL, "f2"))
+        await limited.transition("f2", 0, Event.cancelled(), cancel)
+        assert await trio.to_thread.run_sync(counted) == (rows, rows)
+        clock.advance(2_000)  # the odd ones expire: both hosts reap them at once
+        reaped: list[list[str]] = []
+
+        async def reap(store: PostgresStore) -> None:
+            while batch := await store.reap():
+                reaped.append(batch)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reap, limited)
+            nursery.start_soon(reap, free)
+        gone = sorted(task_id for batch in reaped for task_id in batch)
+        assert len(gone) == len(set(gone)) > 0
+        assert await trio.to_thread.run_sync(counted) == (rows - len(gone), rows - len(gone))
+    with connect(pg_schemas.dsn) as conn:
+        conn.execute(sql.SQL("TRUNCATE {}.tasks CASCADE").format(ident))
+    assert await trio.to_thread.run_sync(counted) == (0, 0)
