@@ -200,8 +200,13 @@ def install(conn: sqlite3.Connection, path: str, *, advance_epoch: bool) -> Sche
         else:
             current = info.version
         for migration in migrations()[current:]:
-            for statement in migration.statements():
-                conn.execute(statement)
+            try:
+                for statement in migration.statements():
+                    conn.execute(statement)
+            except sqlite3.DatabaseError as exc:
+                # A row the new schema's CHECKs refuse (0005 rebuilds the tables), a full disk:
+                # the whole transaction is rolled back below, so the file is as it was.
+                raise _refuse(path, f"migration {migration.name} failed ({exc})") from exc
             if migration.version == 1:
                 conn.execute(
                     "INSERT INTO tritask_metadata (singleton, schema_version, store_id) "

@@ -1594,3 +1594,50 @@ async def test_migrate_refuses_what_it_cannot_migrate(tmp_path: Path) -> None:
         with pytest.raises(StoreLocked):
             await sqlite_migrate(f"sqlite:{path}")
     assert await sqlite_migrate(f"sqlite:{path}") == Migrated(SCHEMA_VERSION, ())
+
+
+async def test_a_schema_4_row_the_lean_checks_refuse_fails_the_migration_untouched(
+    tmp_path: Path,
+) -> None:
+    """A row that schema 4's CHECKs admitted (json_valid: a record with a leading space, which
+    schema 4 also reads) but schema 5's refuse (its first character must be '{') fails the
+    rebuild: the open is refused with StoreSchemaError naming the migration, the transaction is
+    rolled back (still version 4, the old tables, every row as it was) instead of a bare
+    sqlite3.IntegrityError from the middle of a migration."""
+    clock = ManualClock()
+    current, old = tmp_path / "current.db", tmp_path / "old.db"
+    async with sqlite_store(current, clock) as store:
+        await busy_task(store)
+        await create(store, "other")
+    with raw(current) as source, raw(old) as target:
+        target.execute("PRAGMA journal_mode = WAL")
+        target.execute("BEGIN")
+        target.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        for migration in migrations()[:4]:
+            for statement in migration.statements():
+                target.execute(statement)
+        target.execute(
+            "INSERT INTO tritask_metadata (singleton, schema_version, store_id, boot_epoch)"
+            " SELECT 1, 4, ?, ?",
+            source.execute("SELECT store_id, boot_epoch FROM tritask_metadata").fetchone(),
+        )
+        for table in ("tritask_tasks", "tritask_task_events"):
+            rows = source.execute(f"SELECT * FROM {table} ORDER BY rowid").fetchall()
+            marks = ", ".join("?" * len(rows[0]))
+            target.executemany(f"INSERT INTO {table} VALUES ({marks})", rows)
+        target.execute("UPDATE tritask_tasks SET record = ' ' || record WHERE task_id = 'other'")
+        target.execute("COMMIT")
+    before = dump(old)
+    with pytest.raises(StoreSchemaError, match=r"0005_lean_rows\.sql failed \(CHECK constraint"):
+        await sqlite_store(old, clock).open()
+    assert dump(old) == before
+    with raw(old) as conn:
+        assert conn.execute("SELECT schema_version FROM tritask_metadata").fetchone() == (4,)
+        assert conn.execute(
+            "SELECT count(*) FROM sqlite_master WHERE name = 'tritask_task_events_committed'"
+        ).fetchone() == (1,)
+        assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        conn.execute("UPDATE tritask_tasks SET record = ltrim(record) WHERE task_id = 'other'")
+    async with sqlite_store(old, clock) as store:  # repaired: it migrates
+        assert (await store.audit()).findings == ()
+        assert (await get(store, "other")).task.id == "other"
