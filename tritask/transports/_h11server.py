@@ -791,7 +791,11 @@ class _Connection:
                         and not self._head_started
                         and h.their_state is not h11.SEND_BODY  # not a body left to discard
                     ):
-                        self._head_begins(scope)
+                        # While the fast path reads, the request loop looks at the bytes at
+                        # once: a whole request stops the timer before it could matter, and
+                        # only a head left to h11 arms it (``_to_h11``), which saves moving
+                        # this scope's deadline on every request.
+                        self._head_begins(scope if self._h11_reads else None)
                     self.wakeup.unpark_all()
             self._read_scope = None
             if not self._reading or not await self._on_timer():
@@ -815,6 +819,8 @@ class _Connection:
         """Let h11 read the next request (and what follows, until it is idle again)."""
         data, self._pending = self._pending, b""
         self._h11_reads = True
+        if self._head_started:
+            self.wake_reader_by(self._head_deadline)  # the head's timer, now that it matters
         if data:
             self.h11.receive_data(data)
         if self.eof:
