@@ -270,3 +270,16 @@ def test_bench_listen_smoke() -> None:
     assert set(result["ratio"]) == {"p50", "p99"}
     assert result["targets"] == {"rssPerStreamKiB": 20.0, "p99Ms": 50.0}
     assert isinstance(result["target_met"], bool)
+
+
+@pytest.mark.parametrize("mode", ["echo", "bare", "floor"])
+def test_httploop_smoke(mode: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "stress.bench.httploop", "20", mode],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"20 requests ({mode}): " in done.stderr
