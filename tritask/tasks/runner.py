@@ -173,21 +173,26 @@ class _LeaseGuard:
     hands it."""
 
     batch: trio.Event | None = None
-    _held: bool = False
+    _holder: trio.lowlevel.Task | None = None
     _lot: trio.lowlevel.ParkingLot | None = None
 
     def locked(self) -> bool:
-        return self._held
+        return self._holder is not None
 
     async def __aenter__(self) -> None:
         await trio.lowlevel.checkpoint_if_cancelled()
-        if self._held:
+        task = trio.lowlevel.current_task()
+        holder = self._holder
+        if holder is None:
+            self._holder = task
+        elif holder is task:
+            # trio.Lock's rule: waiting for a lock one holds would never end.
+            raise RuntimeError("attempt to re-acquire an attempt's lease lock already held")
+        else:
             lot = self._lot
             if lot is None:
                 lot = self._lot = trio.lowlevel.ParkingLot()
-            await lot.park()  # woken by a release, which hands the lock over (still held)
-        else:
-            self._held = True
+            await lot.park()  # woken by a release, which hands the lock over to this task
         try:
             while self.batch is not None:
                 await self.batch.wait()
@@ -201,9 +206,9 @@ class _LeaseGuard:
     def _release(self) -> None:
         lot = self._lot
         if lot:
-            lot.unpark(count=1)  # the first waiter now holds it
+            (self._holder,) = lot.unpark(count=1)  # the first waiter now holds it
         else:
-            self._held = False
+            self._holder = None
 
 
 @attrs.define(eq=False)
