@@ -98,7 +98,7 @@ async def migrate(url: str, **options: Any) -> Migrated:
     :data:`SCHEMA_VERSION` now, rather than at the next serving open (which would do it too).
 
     Why a step of its own: the read-only operator commands refuse an older file (they write
-    nothing), and a migration that rebuilds tables (version 5) holds the write lock while it
+    nothing), and a migration that rebuilds tables (versions 5, 6) holds the write lock while it
     copies every row, which an operator may prefer to do while the server is stopped. It opens
     the file as a shared store (no new file, no boot epoch advanced): it is refused with
     ``StoreLocked`` while a ``tritask serve`` holds the file exclusively.
