@@ -238,6 +238,31 @@ async def read_until(peer: Peer, request_id: Any) -> list[dict[str, Any]]:
             return out
 
 
+async def read_with_statuses(
+    peer: Peer, request_id: Any, statuses: int
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The response to ``request_id`` and the next ``statuses`` status notifications, in
+    whatever order they come.
+
+    A status notification goes out on the session's own stream, the response on the
+    request's: 2025-11-25 makes the notification a MAY that "requestors MUST NOT rely on", and
+    nothing orders the two streams' writes, so both orders are correct and both occur (the
+    trio scheduler runs the two writers in either order). The notifications among themselves
+    keep the order of the transitions."""
+    response: dict[str, Any] | None = None
+    notifications: list[dict[str, Any]] = []
+    with trio.fail_after(30):
+        while response is None or len(notifications) < statuses:
+            message = await peer.receive()
+            if message.get("method") == "notifications/tasks/status":
+                notifications.append(message)
+            else:
+                assert message.get("id") == request_id, message
+                assert response is None, message
+                response = message
+    return response, notifications
+
+
 def text_result(text: str, *, error: bool = False) -> dict[str, Any]:
     return {"content": [{"type": "text", "text": text}], "isError": error}
 
@@ -567,21 +592,20 @@ async def test_a_task_augmented_call_answers_create_task_result_then_get_and_res
             "result": task_of(task_id, "working", ttl=60_000),
         }
         await peer.send(legacy(3, "tasks/result", taskId=task_id, task={}))
-        messages = await read_until(peer, 3)
+        result, statuses = await read_with_statuses(peer, 3, 1)
         done = "2026-08-24T10:00:01.000Z"
-        status = {
-            "jsonrpc": "2.0",
-            "method": "notifications/tasks/status",
-            "params": task_of(task_id, "completed", ttl=60_000, lastUpdatedAt=done),
-        }
-        assert messages == [
-            status,
+        assert statuses == [
             {
                 "jsonrpc": "2.0",
-                "id": 3,
-                "result": {**text_result("slow t"), "_meta": {RELATED: {"taskId": task_id}}},
-            },
+                "method": "notifications/tasks/status",
+                "params": task_of(task_id, "completed", ttl=60_000, lastUpdatedAt=done),
+            }
         ]
+        assert result == {
+            "jsonrpc": "2.0",
+            "id": 3,
+            "result": {**text_result("slow t"), "_meta": {RELATED: {"taskId": task_id}}},
+        }
         await peer.send(legacy(4, "tasks/get", taskId=task_id))
         assert await peer.receive() == {
             "jsonrpc": "2.0",
@@ -590,7 +614,7 @@ async def test_a_task_augmented_call_answers_create_task_result_then_get_and_res
         }
         # A settled task's result is the same every time.
         await peer.send(legacy(5, "tasks/result", taskId=task_id))
-        assert (await peer.receive())["result"] == messages[-1]["result"]
+        assert (await peer.receive())["result"] == result["result"]
 
 
 def _modern(method: str, params: dict[str, JSONValue]) -> Any:
@@ -705,12 +729,9 @@ async def test_tasks_result_side_channels_input_with_the_related_task(
         await peer.send(
             {"jsonrpc": "2.0", "id": 0, "result": {"action": "accept", "content": {"name": "Bo"}}}
         )
-        messages = await read_until(peer, 3)
-        assert [m.get("params", {}).get("status") for m in messages[:-1]] == [
-            "working",
-            "completed",
-        ]
-        assert messages[-1] == {
+        result, statuses = await read_with_statuses(peer, 3, 2)
+        assert [m["params"]["status"] for m in statuses] == ["working", "completed"]
+        assert result == {
             "jsonrpc": "2.0",
             "id": 3,
             "result": {**text_result("accept: Bo"), "_meta": {RELATED: {"taskId": "task-1"}}},
