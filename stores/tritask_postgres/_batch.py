@@ -8,11 +8,14 @@ of them costs the same two round trips and one commit for all.
 
 How: a caller submits an :class:`Item` and waits. When fewer than ``max_inflight`` batches
 run (one by default: two side by side made smaller batches and cost more CPU per task, in
-tritask and in PostgreSQL), the caller at the head of the queue becomes the *leader*: it
-takes up to ``max_batch`` queued items (its own first) and awaits the store's
-``run_batch(items)`` in a shielded scope (the batch belongs to every caller in it, so the
-leader's own cancellation cannot abort it; the statement and lock timeouts bound it). When
-it is done, the head of the queue leads the next one. The per-caller rules are the SQLite lane's:
+tritask and in PostgreSQL), a *runner* is started, a trio system task (no caller's cancel
+scope or context variables: the batch belongs to every caller in it, so no caller's
+cancellation can abort it; the statement and lock timeouts bound it). It takes up to
+``max_batch`` queued items and awaits the store's ``run_batch(items)``, wakes their callers,
+and takes the next batch at once, until the queue is empty. (When the head of the queue led
+each batch in its own task, the next batch started only after a pass of trio's scheduler
+over the callers just woken: in a loop of store calls a batch held 9 operations instead of
+16.) The per-caller rules are the SQLite lane's:
 
 * *A failing operation fails alone.* ``run_batch`` decides each item apart; an item whose
   decision raises wrote nothing. When the batch's transaction itself fails (a statement error
@@ -30,6 +33,7 @@ it is done, the head of the queue leads the next one. The per-caller rules are t
 from __future__ import annotations
 
 import collections
+import contextvars
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, Literal
 
@@ -91,26 +95,16 @@ class Batcher:
         """Run ``item`` in a batch; its outcome once the batch committed."""
         await trio.lowlevel.checkpoint_if_cancelled()
         self._queue.append(item)
+        self._start()
         try:
-            while item.state in ("queued", "running"):
-                if item.state == "queued" and self._may_lead(item):
-                    await self._lead()
-                    continue
-                item.wake = trio.Event()
-                if item.state in ("queued", "running") and not (
-                    item.state == "queued" and self._may_lead(item)
-                ):
-                    await item.wake.wait()
+            await item.wake.wait()
         except BaseException:
             if item.state == "queued":
                 self._queue.remove(item)
                 item.state = "withdrawn"
-                self._kick()
                 raise
             with trio.CancelScope(shield=True):
-                while item.state == "running":
-                    item.wake = trio.Event()
-                    await item.wake.wait()
+                await item.wake.wait()
             if item.run_alone:
                 raise  # nothing happened: what interrupted the caller stands
         if item.run_alone:
@@ -119,17 +113,31 @@ class Batcher:
         assert item.result is not None
         return item.result.unwrap()
 
-    def _may_lead(self, item: Item) -> bool:
-        return self._inflight < self._max_inflight and bool(self._queue) and self._queue[0] is item
+    def _start(self) -> None:
+        """A runner for the queue, if fewer than ``max_inflight`` run."""
+        if self._queue and self._inflight < self._max_inflight:
+            self._inflight += 1
+            # A batch belongs to nobody in it: no caller's context variables.
+            trio.lowlevel.spawn_system_task(
+                self._runner, name="tritask_postgres batch runner", context=contextvars.Context()
+            )
 
-    async def _lead(self) -> None:
-        batch: list[Item] = []
-        while self._queue and len(batch) < self._max_batch:
-            taken = self._queue.popleft()
-            taken.state = "running"
-            batch.append(taken)
-        self._inflight += 1
-        self._kick()  # another batch may start beside this one
+    async def _runner(self) -> None:
+        """Run batches back to back while items are queued: each batch is taken (and its
+        statements sent) as soon as the previous one is done, before its callers run."""
+        try:
+            while self._queue:
+                batch: list[Item] = []
+                while self._queue and len(batch) < self._max_batch:
+                    taken = self._queue.popleft()
+                    taken.state = "running"
+                    batch.append(taken)
+                await self._run(batch)
+        finally:
+            self._inflight -= 1
+            self._start()  # an item queued as this runner stopped is not left waiting
+
+    async def _run(self, batch: list[Item]) -> None:
         try:
             with trio.CancelScope(shield=True):
                 try:
@@ -141,7 +149,6 @@ class Batcher:
                         if taken.result is None:
                             taken.fall_back()
         finally:
-            self._inflight -= 1
             self.batches += 1
             self.items += len(batch)
             for taken in batch:
@@ -149,9 +156,3 @@ class Batcher:
                     taken.fall_back()  # run_batch left it undecided: never leave it hanging
                 taken.state = "done"
                 taken.wake.set()
-            self._kick()
-
-    def _kick(self) -> None:
-        """Let the head of the queue lead, if a batch may start."""
-        if self._queue and self._inflight < self._max_inflight:
-            self._queue[0].wake.set()

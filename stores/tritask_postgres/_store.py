@@ -59,7 +59,13 @@ from psycopg.conninfo import conninfo_to_dict
 from tritask.jsonrpc import loads
 from tritask.tasks._time import MAX_INSTANT, Clock, format_instant
 from tritask.tasks.changes import ChangeFeed, TaskChange
-from tritask.tasks.events import Event, EventKind, effects_from_json, effects_to_json
+from tritask.tasks.events import (
+    Effects,
+    Event,
+    EventKind,
+    effects_from_json,
+    effects_to_json,
+)
 from tritask.tasks.model import (
     CorruptRecord,
     Snapshot,
@@ -145,6 +151,9 @@ Conn = psycopg.Connection[Any]
 CAPACITY_LOCK_CLASS: Final = 0x74726361
 """First key of the capacity advisory lock ('trca'); the second is ``hashtext(schema)``."""
 _COMMIT_STEP_US: Final = 1
+#: The settles ``_plan_settle`` plans: terminal, so the reducer's outcome depends on the commit
+#: time only through the task's ``lastUpdatedAt`` (a retry's due time depends on it too).
+_PLANNED_KINDS: Final = frozenset({EventKind.COMPLETED, EventKind.FAILED})
 _MAX_BIGINT: Final = 2**63 - 1
 _READ_ACTIONS: Final = frozenset({Action.GET, Action.UPDATE, Action.CANCEL})
 _ACTIVE: Final = "('working', 'input_required')"
@@ -273,6 +282,33 @@ def _many(items: Sequence[Item], result: Result) -> list[tuple[Item, outcome.Out
     return outcomes
 
 
+def _admitted(items: Sequence[Item], result: Result) -> list[tuple[Item, outcome.Outcome[Any]]]:
+    """The outcomes of a batch's creations under limits from their ``insert_many_admitted``
+    result: one row per creation, in order, with its verdict (``_admit``'s, made in SQL) and,
+    when it was inserted, its row."""
+    outcomes: list[tuple[Item, outcome.Outcome[Any]]] = []
+    for item, (now, task_id, created_at, expires_at, stored, _, verdict) in zip(
+        items, result.rows, strict=True
+    ):
+        error: Exception
+        if task_id != item.payload.task_id:
+            raise CorruptStore(task_id, "the batch's creations came back out of order")
+        if verdict == "ok" and stored is not None:
+            value = (stored, int(created_at), None if expires_at is None else int(expires_at))
+            outcomes.append((item, outcome.Value(value)))
+            continue
+        if verdict == "max_tasks":
+            error = CapacityExceeded("max_tasks")
+        elif verdict == "max_active":
+            error = CapacityExceeded("max_active_tasks_per_scope")
+        elif verdict == "ok" and not 0 <= now <= MAX_INSTANT:
+            error = InvalidTask("the store clock is outside the instants a task can hold")
+        else:
+            error = AlreadyExists(task_id)
+        outcomes.append((item, outcome.Error(error)))
+    return outcomes
+
+
 def _one(item: Item, result: Result) -> list[tuple[Item, outcome.Outcome[Any]]]:
     """The outcome of a creation inserted by its own statement."""
     insert = item.payload
@@ -339,6 +375,22 @@ class _Settle:
     event: Event
     event_json: str
     lease: Lease
+
+
+@attrs.frozen
+class _Planned:
+    """A settle planned before its batch (``PostgresStore._plan_settle``): the remembered
+    record it applies to, the new snapshot as of ``floor`` (its ``lastUpdatedAt`` becomes the
+    commit instant), the new record cut where that instant goes, and its NOTIFY payloads."""
+
+    record: str
+    new: Snapshot
+    effects: Effects
+    head: str
+    tail: str
+    floor: int
+    released: str | None
+    change: str | None
 
 
 @attrs.frozen
@@ -552,6 +604,9 @@ class PostgresStore:
         self._pool: ConnectionPool | None = None
         self._batcher: Batcher | None = None
         self._known: dict[str, Snapshot] = {}
+        self._claimed: dict[str, tuple[str, Lease, bool]] = {}
+        #: Planned settles whose row was no longer the remembered one: they ran alone.
+        self.planned_missed = 0
         self._listeners: set[Conn] = set()
         self._closed = False
         self._q = _Queries(self._schema, clock is not None)
@@ -863,7 +918,6 @@ class PostgresStore:
             raise CorruptStore(task.id, "the inserted record disagrees with its row")
         if claim is None or token is None or expires_at is None:
             return snapshot, None  # not claimed (queued, or a plain create)
-        self._remember(stored, snapshot)
         lease = Lease(
             store_id=store_id,
             task_id=task.id,
@@ -872,6 +926,7 @@ class PostgresStore:
             generation=1,
             expires_at=expires_at,
         )
+        self._remember(stored, snapshot, (lease, concurrency is not None))
         return snapshot, lease
 
     async def get(self, task_id: str, access: Access) -> Snapshot | NotFound:
@@ -1429,13 +1484,113 @@ class PostgresStore:
         )
         return _Plan(applied, (query, fields), written=True)
 
-    def _remember(self, record: str, snapshot: Snapshot) -> None:
+    def _remember(self, record: str, snapshot: Snapshot, claim: tuple[Lease, bool]) -> None:
         """Keep the store's own copy of a claimed task's decoded record, keyed by the exact text
-        stored, so the settle that follows need not decode it again (bounded, oldest out)."""
+        stored, so the settle that follows need not decode it again, and the claim it was
+        inserted with (its lease, whether it has a concurrency key), so that settle can be
+        planned (``_plan_settle``); both bounded, oldest out."""
         known = self._known
         if len(known) >= _KNOWN_LIMIT:
             del known[next(iter(known))]
         known[record] = clone_snapshot(snapshot)
+        claimed = self._claimed
+        if len(claimed) >= _KNOWN_LIMIT:
+            del claimed[next(iter(claimed))]
+        claimed[snapshot.task.id] = (record, *claim)
+
+    def _plan_settle(self, settle: _Settle) -> _Planned | None:
+        """A settle decided before its batch is sent, on the row this store inserted and
+        remembers, as ``_decide`` would decide it there: only a completion or a failure (the
+        only settles whose outcome depends on the commit time through ``lastUpdatedAt``
+        alone) with the lease the row was inserted with, at the remembered revision. The
+        statement (``settle_planned``) applies it only if the row is still exactly that one.
+        ``None``: decided in the transaction (``_decide``)."""
+        entry = self._claimed.get(settle.task_id)
+        if entry is None or settle.event.kind not in _PLANNED_KINDS:
+            return None
+        record, lease, keyed = entry
+        snapshot = self._known.get(record)
+        if (
+            snapshot is None
+            or lease != settle.lease
+            or snapshot.revision != settle.expected_revision
+            or snapshot.task.id != settle.task_id
+        ):
+            return None
+        floor = snapshot.task.last_updated_at + _COMMIT_STEP_US
+        try:
+            applied = apply(snapshot, settle.event, floor)
+        except Exception:  # what it raises is raised by the transaction's own decision
+            return None
+        if applied.kind != "applied":
+            return None
+        new = applied.snapshot
+        if new.task.last_updated_at != floor or new.available_at is not None:
+            return None
+        document = snapshot_json_view(new)
+        task = document["task"]
+        assert isinstance(task, dict)
+        mark = secrets.token_hex(16)
+        pieces = stored_text({**document, "task": {**task, "lastUpdatedAt": mark}}).split(
+            f'"{mark}"'
+        )
+        if len(pieces) != 2:
+            return None
+        return _Planned(
+            record=record,
+            new=new,
+            effects=applied.effects,
+            head=pieces[0],
+            tail=pieces[1],
+            floor=floor,
+            released=self._released_payload(new, keyed),
+            change=None
+            if self._changes_channel is None
+            else change_payload(settle.task_id, new.revision, new.task.status, self._origin),
+        )
+
+    def _planned_call(
+        self, planned: Sequence[tuple[Item, _Planned]]
+    ) -> tuple[Statement, Mapping[str, object]]:
+        """The planned settles of a batch as one statement (``settle_planned``)."""
+        n_ids: list[str] = []
+        n_channels: list[str | None] = []
+        n_payloads: list[str] = []
+        for item, plan in planned:
+            for channel, payload in (
+                (self._channel, plan.released),
+                (self._changes_channel, plan.change),
+            ):
+                if payload is not None:
+                    n_ids.append(item.payload.task_id)
+                    n_channels.append(channel)
+                    n_payloads.append(payload)
+        settles = [item.payload for item, _ in planned]
+        plans = [plan for _, plan in planned]
+        return (
+            self._q.settle_planned,
+            self._params(
+                ids=[settle.task_id for settle in settles],
+                expected=[settle.expected_revision for settle in settles],
+                olds=[plan.record for plan in plans],
+                heads=[plan.head for plan in plans],
+                tails=[plan.tail for plan in plans],
+                revisions=[plan.new.revision for plan in plans],
+                statuses=[plan.new.task.status.value for plan in plans],
+                event_ids=[settle.event.id for settle in settles],
+                kinds=[settle.event.kind.value for settle in settles],
+                events=[settle.event_json for settle in settles],
+                floors=[plan.floor for plan in plans],
+                effects=[stored_text(effects_to_json(plan.effects)) for plan in plans],
+                owners=[settle.lease.owner_id for settle in settles],
+                tokens=[settle.lease.token for settle in settles],
+                generations=[settle.lease.generation for settle in settles],
+                expiries=[settle.lease.expires_at for settle in settles],
+                n_ids=n_ids,
+                n_channels=n_channels,
+                n_payloads=n_payloads,
+            ),
+        )
 
     # -- group commit -------------------------------------------------------------------------
 
@@ -1448,8 +1603,10 @@ class PostgresStore:
         return result
 
     async def _run_batch(self, items: Sequence[Item]) -> None:
-        """One transaction on one connection for a batch, in two pipelined round trips, with
-        one statement per kind of work, whatever the batch's size.
+        """One transaction on one connection for a batch, with one statement per kind of
+        work, whatever the batch's size: one round trip when its settles are planned and its
+        creations under limits can be admitted by their statement (``_run_one_trip``), else
+        two pipelined round trips.
 
         The first round trip sends ``BEGIN``, one statement locking every settle's row (in
         task-id order, so two batches never wait for each other's locks in opposite orders)
@@ -1483,6 +1640,19 @@ class PostgresStore:
         settles.sort(key=lambda item: item.payload.task_id)
         free = [item for item in inserts if not item.payload.limited]
         limited = [item for item in inserts if item.payload.limited]
+        if len(settles) == len(items) - len(inserts) and (
+            all(item.payload.stamp for item in limited)
+            and len({item.payload.task_id for item in limited}) == len(limited)
+        ):
+            planned: list[tuple[Item, _Planned]] = []
+            for item in settles:
+                ahead = self._plan_settle(item.payload)
+                if ahead is None:
+                    break
+                planned.append((item, ahead))
+            else:
+                await self._run_one_trip(planned, free, limited)
+                return
         reads: list[tuple[Statement, Mapping[str, object] | None]] = []
         if settles:
             ids = [item.payload.task_id for item in settles]
@@ -1556,6 +1726,74 @@ class PostgresStore:
             item.decide(outcome.capture(plan.finish, result))
         for item, found in decided:
             item.decide(found)
+
+    async def _run_one_trip(
+        self,
+        planned: Sequence[tuple[Item, _Planned]],
+        free: Sequence[Item],
+        limited: Sequence[Item],
+    ) -> None:
+        """A batch in one round trip: ``BEGIN``, the creations without limits, those under
+        limits after the capacity lock (admitted all together or not at all:
+        ``insert_many_guarded``), the planned settles (``settle_planned``) and the ``COMMIT``.
+        A creation the guard did not admit and a settle whose row was not the remembered one
+        wrote nothing: they run alone after the commit, as if they came next. Errors as in
+        ``_run_batch``."""
+        pool, _ = self._opened()
+        calls: list[tuple[Statement, Mapping[str, object] | None]] = []
+        free_calls = self._insert_calls(free)
+        calls.extend(call for call, _ in free_calls)
+        if limited:
+            lock = {"lock_class": CAPACITY_LOCK_CLASS, "schema": self._schema}
+            calls.append((self._q.capacity_lock, lock))
+            calls.append(self._insert_calls(limited, admit=True)[0][0])
+        if planned:
+            calls.append(self._planned_call(planned))
+        for _, plan in planned:  # handed out once, as ``_decode_row`` does
+            self._known.pop(plan.record, None)
+            self._claimed.pop(plan.new.task.id, None)
+        try:
+            async with pool.session() as session, session.transaction():
+                try:
+                    done = await session.pipeline(*calls, (COMMIT, None))
+                except psycopg.Error as exc:
+                    if (exc.sqlstate is not None and not _connection_ended(exc)) or (
+                        exc.sqlstate is None and isinstance(exc, psycopg.DataError)
+                    ):
+                        raise _RolledBack from exc
+                    raise _Unknown(exc) from exc
+        except _RolledBack:
+            return  # nothing was committed: every item runs alone
+        except _Unknown as unknown:
+            for item in (*(item for item, _ in planned), *free, *limited):
+                item.decide(outcome.Error(copy.copy(unknown.error)))
+            return
+        for index, (_, parse) in enumerate(free_calls):
+            for item, found in parse(done[index]):
+                item.decide(found)
+        at = len(free_calls)
+        if limited:
+            for item, found in _admitted(limited, done[at + 1]):
+                item.decide(found)
+            at += 2
+        if planned:
+            written = {row[0]: int(row[1]) for row in done[at].rows}
+            for item, plan in planned:
+                committed_at = written.get(item.payload.task_id)
+                if committed_at is None:
+                    self.planned_missed += 1
+                    item.fall_back()
+                    continue
+                new = plan.new
+                new = revise(new, task=revise(new.task, last_updated_at=committed_at))
+                transition = Transition(
+                    outcome="applied",
+                    snapshot=new,
+                    effects=plan.effects,
+                    event_revision=new.revision,
+                    committed_at=committed_at,
+                )
+                item.decide(outcome.Value(transition))
 
     def _decide_settles(
         self,
@@ -1638,7 +1876,7 @@ class PostgresStore:
         )
 
     def _insert_calls(
-        self, items: Sequence[Item]
+        self, items: Sequence[Item], *, admit: bool = False
     ) -> list[
         tuple[
             tuple[Statement, Mapping[str, object]],
@@ -1683,7 +1921,14 @@ class PostgresStore:
                 payloads=column("payload"),
                 channel=self._channel,
             )
-            calls.append(((self._q.insert_many, params), functools.partial(_many, stamped)))
+            parse = functools.partial(_many, stamped)
+            stmt = self._q.insert_many
+            if admit:
+                stmt = self._q.insert_many_admitted
+                params["max_tasks"] = self._max_tasks
+                params["max_active"] = self._max_active
+                parse = functools.partial(_admitted, stamped)
+            calls.append(((stmt, params), parse))
         for item in sorted(items, key=lambda item: item.payload.task_id):
             if not item.payload.stamp:
                 insert = item.payload
@@ -2214,32 +2459,121 @@ class _Queries:
         # hosts inserting the same new ids in opposite orders would deadlock. Its answer: the
         # clock, then one row per inserted task (none: the clock alone, with NULLs).
         stamped = f"(b.head || {instant} || b.middle || {instant} || b.tail)::json"
-        self.insert_many = q(
+
+        def insert_many(admit: bool) -> Statement:
+            # With ``admit`` (creations under limits, in the batch's one round trip, with no id
+            # twice): each row's verdict as ``_admit`` decides it, in the batch's order, counted
+            # in this statement (which starts after the capacity lock was granted): an existing
+            # id first, then max_tasks (the tasks plus the rows before it that fit their scope:
+            # once one is refused every later one is), then max_active (the scope's active
+            # tasks plus its active rows before it that are not refused as existing). Only
+            # 'ok' rows are inserted; the answer is one row per creation. NULL limits are none.
+            verdicts = (
+                " x AS MATERIALIZED (SELECT b.ord, b.task_id, b.scope, b.status IN {active} AS act,"
+                " EXISTS (SELECT 1 FROM {t} e WHERE e.task_id = b.task_id) AS ex FROM b),"
+                " r AS MATERIALIZED (SELECT s.scope, %(max_active)s::bigint - (SELECT count(*)"
+                " FROM (SELECT 1 FROM {t} e WHERE e.scope = s.scope AND e.status IN {active}"
+                " LIMIT coalesce(%(max_active)s::bigint, 0)) a) AS room"
+                " FROM (SELECT DISTINCT x.scope FROM x) s),"
+                " y AS (SELECT x.ord, x.task_id, x.ex, NOT x.ex"
+                " AND (%(max_active)s::bigint IS NULL OR count(*) FILTER (WHERE x.act AND NOT x.ex)"
+                " OVER (PARTITION BY x.scope ORDER BY x.ord"
+                " ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) < r.room) AS fits"
+                " FROM x JOIN r ON r.scope = x.scope),"
+                " v AS MATERIALIZED (SELECT y.ord, y.task_id, CASE WHEN y.ex THEN 'exists'"
+                " WHEN %(max_tasks)s::bigint IS NOT NULL AND (SELECT sum(c.tasks) FROM {c} c)"
+                " + count(*) FILTER (WHERE y.fits) OVER (ORDER BY y.ord"
+                " ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) >= %(max_tasks)s::bigint"
+                " THEN 'max_tasks' WHEN NOT y.fits THEN 'max_active' ELSE 'ok' END AS verdict"
+                " FROM y),"
+                if admit
+                else ""
+            )
+            return q(
+                "WITH n AS MATERIALIZED (SELECT {now} AS now),"
+                " b AS (SELECT * FROM unnest(%(ids)s::text[], %(heads)s::text[],"
+                " %(middles)s::text[],"
+                " %(tails)s::text[], %(scopes)s::text[], %(statuses)s::text[],"
+                " %(ttls)s::text[]::numeric[], %(owners)s::text[], %(tokens)s::text[]::uuid[],"
+                " %(leases)s::text[]::numeric[], %(queued)s::text[], %(keys)s::text[],"
+                " %(limits)s::text[]::integer[], %(payloads)s::text[]) WITH ORDINALITY"
+                " AS b(task_id, head, middle, tail, scope, status, ttl_us, owner, token,"
+                " lease_us, queued, key, lim, payload, ord)),"
+                + verdicts
+                + " i AS (INSERT INTO {t} (task_id, record, scope, revision, status,"
+                " created_at_us, expires_at_us, retry_at_us, claim_owner, claim_token,"
+                " lease_generation, claim_expires_at_us, queued_message, concurrency_key,"
+                " concurrency_limit)"
+                f" SELECT b.task_id, {stamped}, b.scope, 0, b.status, n.now,"
+                " CASE WHEN b.ttl_us IS NULL THEN NULL"
+                f" ELSE LEAST(n.now::numeric + b.ttl_us, {_MAX_BIGINT})::bigint END,"
+                " NULL, b.owner, b.token, CASE WHEN b.owner IS NULL THEN 0 ELSE 1 END,"
+                " CASE WHEN b.owner IS NULL THEN NULL"
+                f" ELSE LEAST(n.now::numeric + b.lease_us, {_MAX_BIGINT})::bigint END,"
+                " b.queued, b.key, b.lim FROM n, b"
+                + (" JOIN v ON v.ord = b.ord AND v.verdict = 'ok'" if admit else "")
+                + f" WHERE n.now BETWEEN 0 AND {MAX_INSTANT}"
+                " ORDER BY b.task_id ON CONFLICT (task_id) DO NOTHING"
+                " RETURNING task_id, created_at_us, claim_expires_at_us, record::text),"
+                " nt AS (SELECT pg_notify(%(channel)s::text, b.payload) FROM b"
+                " WHERE b.payload IS NOT NULL AND b.task_id IN (SELECT task_id FROM i)"
+                " ORDER BY b.ord)"
+                + (
+                    " SELECT n.now, v.task_id, i.created_at_us, i.claim_expires_at_us, i.record,"
+                    " (SELECT count(*) FROM nt), v.verdict FROM n CROSS JOIN v"
+                    " LEFT JOIN i ON i.task_id = v.task_id ORDER BY v.ord"
+                    if admit
+                    else " SELECT n.now, i.task_id, i.created_at_us, i.claim_expires_at_us,"
+                    " i.record, (SELECT count(*) FROM nt) FROM n LEFT JOIN i ON true"
+                )
+            )
+
+        self.insert_many = insert_many(admit=False)
+        self.insert_many_admitted = insert_many(admit=True)
+        # Planned settles (``PostgresStore._plan_settle``): each applies only to the row its
+        # store inserted and remembers (the record byte for byte, the revision, the claim of
+        # the settle's lease, live on the statement's clock) with no ledger row of its event
+        # id; its record is the planned one's two pieces joined with the commit instant
+        # (the clock, or the row's last update + 1 µs when later, as ``_decide`` does), its
+        # claim cleared. A settle whose row is not that one writes nothing and has no row in
+        # the answer (it then runs alone). Rows as ``write_many`` writes them, NOTIFYs too.
+        committed = "'\"' || " + _INSTANT_SQL.replace("n.now", "p.at") + " || '\"'"
+        self.settle_planned = q(
             "WITH n AS MATERIALIZED (SELECT {now} AS now),"
-            " b AS (SELECT * FROM unnest(%(ids)s::text[], %(heads)s::text[], %(middles)s::text[],"
-            " %(tails)s::text[], %(scopes)s::text[], %(statuses)s::text[],"
-            " %(ttls)s::text[]::numeric[], %(owners)s::text[], %(tokens)s::text[]::uuid[],"
-            " %(leases)s::text[]::numeric[], %(queued)s::text[], %(keys)s::text[],"
-            " %(limits)s::text[]::integer[], %(payloads)s::text[]) WITH ORDINALITY"
-            " AS b(task_id, head, middle, tail, scope, status, ttl_us, owner, token, lease_us,"
-            " queued, key, lim, payload, ord)),"
-            " i AS (INSERT INTO {t} (task_id, record, scope, revision, status, created_at_us,"
-            " expires_at_us, retry_at_us, claim_owner, claim_token, lease_generation,"
-            " claim_expires_at_us, queued_message, concurrency_key, concurrency_limit)"
-            f" SELECT b.task_id, {stamped}, b.scope, 0, b.status, n.now,"
-            " CASE WHEN b.ttl_us IS NULL THEN NULL"
-            f" ELSE LEAST(n.now::numeric + b.ttl_us, {_MAX_BIGINT})::bigint END,"
-            " NULL, b.owner, b.token, CASE WHEN b.owner IS NULL THEN 0 ELSE 1 END,"
-            " CASE WHEN b.owner IS NULL THEN NULL"
-            f" ELSE LEAST(n.now::numeric + b.lease_us, {_MAX_BIGINT})::bigint END,"
-            " b.queued, b.key, b.lim FROM b, n"
-            f" WHERE n.now BETWEEN 0 AND {MAX_INSTANT} ORDER BY b.task_id"
-            " ON CONFLICT (task_id) DO NOTHING"
-            " RETURNING task_id, created_at_us, claim_expires_at_us, record::text),"
-            " nt AS (SELECT pg_notify(%(channel)s::text, b.payload) FROM b"
-            " WHERE b.payload IS NOT NULL AND b.task_id IN (SELECT task_id FROM i) ORDER BY b.ord)"
-            " SELECT n.now, i.task_id, i.created_at_us, i.claim_expires_at_us, i.record,"
-            " (SELECT count(*) FROM nt) FROM n LEFT JOIN i ON true"
+            " p AS (SELECT b.*, n.now, GREATEST(n.now, b.floor) AS at FROM n,"
+            " unnest(%(ids)s::text[], %(expected)s::text[]::bigint[], %(olds)s::text[],"
+            " %(heads)s::text[], %(tails)s::text[], %(revisions)s::text[]::bigint[],"
+            " %(statuses)s::text[], %(event_ids)s::text[], %(kinds)s::text[],"
+            " %(events)s::text[], %(floors)s::text[]::bigint[], %(effects)s::text[],"
+            " %(owners)s::text[], %(tokens)s::text[], %(generations)s::text[]::bigint[],"
+            " %(expiries)s::text[]::bigint[])"
+            " AS b(task_id, expected, old, head, tail, revision, status, event_id, event_kind,"
+            " event, floor, effects, owner, token, generation, expiry)),"
+            # The rows locked first, in task-id order, as every batch locks them (``lock_many``).
+            " k AS MATERIALIZED (SELECT t.task_id FROM {t} t"
+            " WHERE t.task_id = ANY(%(ids)s::text[]) ORDER BY t.task_id FOR UPDATE),"
+            f" u AS (UPDATE {{t}} t SET record = (p.head || {committed} || p.tail)::json,"
+            " revision = p.revision, status = p.status, retry_at_us = NULL, claim_owner = NULL,"
+            " claim_token = NULL, claim_expires_at_us = NULL, updated_at = clock_timestamp()"
+            " FROM p WHERE t.task_id = p.task_id AND t.task_id IN (SELECT task_id FROM k)"
+            " AND t.revision = p.expected"
+            " AND t.record::text = p.old AND t.claim_owner = p.owner"
+            " AND t.claim_token::text = p.token AND t.lease_generation = p.generation"
+            " AND t.claim_expires_at_us = p.expiry AND p.now < p.expiry"
+            f" AND p.at BETWEEN 0 AND {MAX_INSTANT}"
+            " AND NOT EXISTS (SELECT 1 FROM {e} l"
+            " WHERE l.task_id = p.task_id AND l.event_id = p.event_id)"
+            " RETURNING t.task_id, p.at),"
+            " i AS (INSERT INTO {e} (task_id, event_id, event_kind, event, event_revision,"
+            " committed_at_us, effects) SELECT p.task_id, p.event_id, p.event_kind,"
+            " p.event::json, p.revision, u.at, p.effects::json"
+            " FROM p JOIN u ON u.task_id = p.task_id RETURNING task_id),"
+            " nt AS (SELECT pg_notify(q.channel, q.payload) FROM unnest(%(n_ids)s::text[],"
+            " %(n_channels)s::text[], %(n_payloads)s::text[]) WITH ORDINALITY"
+            " AS q(task_id, channel, payload, ord)"
+            " WHERE q.task_id IN (SELECT task_id FROM i) ORDER BY q.ord)"
+            " SELECT u.task_id, u.at, (SELECT count(*) FROM nt)"
+            " FROM u JOIN i ON i.task_id = u.task_id"
         )
         # A batch's settles: every row locked by one statement, in task-id order (the sort is
         # below the lock), then in a statement of its own (after every lock was granted) the

@@ -35,12 +35,14 @@ from tritask.tasks.store import (
     Claimed,
     Conflict,
     NotFound,
+    RequestAuthority,
     StoredTask,
     TaskInspection,
     Transition,
     WorkerAuthority,
 )
 from tritask.tasks.work import Work
+from tritask.testing.store_contract import by_tenant, tenant
 
 
 @contextlib.contextmanager
@@ -405,11 +407,14 @@ async def test_a_connection_the_server_ends_once_the_commit_was_sent_is_an_unkno
         ) -> list[Result]:
             done = await pipeline(self, *calls)
             ids = [(p or {}).get("ids") for stmt, p in calls if stmt is store._q.insert_many]
-            if any(isinstance(i, list) and "n0" in i for i in ids):
-                armed.add(self)
-            elif self in armed and calls[-1][0] is COMMIT:
+            mine = any(isinstance(i, list) and "n0" in i for i in ids)
+            if calls[-1][0] is COMMIT and (mine or self in armed):
+                # The COMMIT in the creations' own round trip (a batch of one round trip) or
+                # in the one after it.
                 armed.discard(self)
                 raise psycopg.errors.AdminShutdown("terminating connection")  # committed
+            if mine:
+                armed.add(self)
             return done
 
         monkeypatch.setattr(Session, "pipeline", ended_after_commit)
@@ -541,4 +546,119 @@ async def test_two_hosts_settling_the_same_tasks_in_opposite_orders_do_not_deadl
         for task_id in ids:
             outcomes = sorted(found[store][task_id].outcome for store in (one, two))
             assert outcomes == ["applied", "duplicate"], (task_id, outcomes)
-        assert (one._batcher.alone, two._batcher.alone) == (0, 0)
+        # No batch was rolled back: what ran alone is one's planned settles of the tasks two
+        # settled first (their rows were no longer the ones one inserted).
+        assert one._batcher.alone == one.planned_missed
+        assert two._batcher.alone == two.planned_missed == 0
+
+
+A, B, C = tenant("tenant-a"), tenant("tenant-b"), tenant("tenant-c")
+
+
+async def test_creations_under_limits_in_one_round_trip_get_the_verdicts_of_their_order(
+    pg_schemas: SchemaFactory,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A batch of creations under both limits with no id twice is one round trip: its statement
+    gives each creation, in queue order, the verdict ``_admit`` gives it in the batch of two
+    round trips. An existing id is refused as such; a creation refused by its scope's limit does
+    not count against max_tasks; once max_tasks refuses one, it refuses every later one."""
+    schema = await pg_schemas.migrated()
+    store = PostgresStore(
+        pg_schemas.dsn,
+        schema=schema,
+        scope=by_tenant,
+        max_tasks=6,
+        max_active_tasks_per_scope=3,
+    )
+    one_trips: list[int] = []
+    run_one_trip = PostgresStore._run_one_trip
+
+    async def counted(self: PostgresStore, planned: Any, free: Any, limited: Any) -> None:
+        one_trips.append(len(limited))
+        await run_one_trip(self, planned, free, limited)
+
+    monkeypatch.setattr(PostgresStore, "_run_one_trip", counted)
+
+    async def create(ctx: object, task_id: str) -> Claimed:
+        access = await store.authorize(ctx, Action.CREATE, task_id)
+        work = Work(idempotency_key=task_id, type="batch", input={})
+        made = await store.submit(
+            new_task(task_id, 0, None, None), work, access, owner_id="o", lease_ms=60_000
+        )
+        assert isinstance(made, Claimed)
+        return made
+
+    async with store:
+        assert store._batcher is not None
+        await create(A, "x")  # active in A: A has room for two more
+        order = [(A, "a0"), (B, "b0"), (A, "x"), (A, "a1"), (A, "a2"), (B, "b1"), (B, "b2")]
+        order.append((C, "c0"))
+        calls = [(task_id, functools.partial(create, ctx, task_id)) for ctx, task_id in order]
+        found: dict[str, Any] = {}
+        lock = sql.SQL("SELECT pg_advisory_xact_lock(%s, hashtext(%s))")
+        with trio.fail_after(GUARD):
+            async with trio.open_nursery() as nursery:
+                with held(pg_schemas.dsn, lock, (CAPACITY_LOCK_CLASS, schema)):
+                    await queued_behind(
+                        nursery, functools.partial(create, C, "first"), calls, found
+                    )
+        assert one_trips == [1, 1, len(order)]  # "x", then "first", then the eight together
+        assert store._batcher.alone == 0
+        verdicts = {
+            name: type(o).__name__ if not isinstance(o, CapacityExceeded) else o.limit
+            for name, o in found.items()
+        }
+        assert verdicts == {
+            "first": "Claimed",
+            "a0": "Claimed",
+            "b0": "Claimed",
+            "x": "AlreadyExists",
+            "a1": "Claimed",
+            "a2": "max_active_tasks_per_scope",
+            "b1": "Claimed",  # the sixth task
+            "b2": "max_tasks",
+            "c0": "max_tasks",
+        }
+        for name, o in found.items():
+            if isinstance(o, Claimed):
+                assert (await stored(store, name)).snapshot == o.snapshot
+
+
+@pytest.mark.parametrize("kind", ["completed", "failed"])
+async def test_a_planned_settle_stores_what_it_answers(
+    pg_schemas: SchemaFactory,  # noqa: F811
+    kind: str,
+) -> None:
+    """A settle of a task this store created claimed is planned before its batch: what it
+    answers is what is stored (the record, its commit instant in the ledger, the claim
+    cleared). One whose row another host changed meanwhile (a cancellation) wrote nothing and
+    runs alone, with the answer it would have had alone."""
+    schema = await pg_schemas.migrated()
+    async with unlimited(pg_schemas, schema) as store:
+        made = await create_claimed(store, "planned")
+        other = await create_claimed(store, "cancelled")
+        if kind == "completed":
+            event = Event.completed(RESULT)
+        else:
+            event = Event.failed({"code": -1, "message": "no"}, "failed")
+        settled = await store.settle("planned", 0, event, made.lease)
+        assert store.planned_missed == 0 and store._batcher is not None
+        assert store._batcher.alone == 0
+        assert isinstance(settled, Transition) and settled.outcome == "applied"
+        row = await stored(store, "planned")
+        assert row.snapshot == settled.snapshot and row.claim is None
+        assert settled.snapshot.task.last_updated_at == settled.committed_at
+        (entry,) = await store.history("planned")
+        assert (entry.revision, entry.committed_at) == (1, settled.committed_at)
+        assert entry.event == event and entry.effects == settled.effects
+        again = await store.settle("planned", 0, event, made.lease)  # the resend replays
+        assert isinstance(again, Transition) and again.outcome == "duplicate"
+        async with unlimited(pg_schemas, schema) as host:  # another host cancels it
+            access = RequestAuthority(await host.authorize(None, Action.CANCEL, "cancelled"))
+            cancel = await host.transition("cancelled", 0, Event.cancelled(), access)
+        assert isinstance(cancel, Transition) and cancel.outcome == "applied"
+        late = await store.settle("cancelled", 0, event, other.lease)
+        assert store.planned_missed == 1  # planned on the row as created, which was cancelled
+        assert isinstance(late, Conflict) and late.snapshot == cancel.snapshot
+        assert [e.event.kind.value for e in await store.history("cancelled")] == ["cancelled"]
