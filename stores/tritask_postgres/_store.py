@@ -366,6 +366,23 @@ class _Unknown(Exception):
         self.error = error
 
 
+async def _commit_pipelined(
+    session: Session, calls: Sequence[tuple[Statement, Mapping[str, object] | None]]
+) -> list[Result]:
+    """A batch's last round trip: ``calls`` with the ``COMMIT`` behind them. ``_RolledBack``
+    when nothing was committed (the server refused a statement, or the client a parameter,
+    text with a NUL, before sending anything); ``_Unknown`` when the connection failed or was
+    ended with the ``COMMIT`` on its way."""
+    try:
+        return await session.pipeline(*calls, (COMMIT, None))
+    except psycopg.Error as exc:
+        if (exc.sqlstate is not None and not _connection_ended(exc)) or (
+            exc.sqlstate is None and isinstance(exc, psycopg.DataError)
+        ):
+            raise _RolledBack from exc
+        raise _Unknown(exc) from exc
+
+
 @attrs.frozen
 class _Settle:
     """A settle in a batch: what ``_decide`` needs."""
@@ -1694,16 +1711,7 @@ class PostgresStore:
                 if writes:
                     calls.append(self._write_many_call(writes))
                 calls.extend(plan.final for _, plan in others if plan.final is not None)
-                try:
-                    done = await session.pipeline(*calls, (COMMIT, None))
-                except psycopg.Error as exc:
-                    if (exc.sqlstate is not None and not _connection_ended(exc)) or (
-                        exc.sqlstate is None and isinstance(exc, psycopg.DataError)
-                    ):
-                        # The server refused a statement, or the client a parameter (text
-                        # with a NUL) before sending anything: nothing was committed.
-                        raise _RolledBack from exc
-                    raise _Unknown(exc) from exc
+                done = await _commit_pipelined(session, calls)
         except _RolledBack:
             return  # nothing was committed: every item runs alone
         except _Unknown as unknown:
@@ -1754,14 +1762,7 @@ class PostgresStore:
             self._claimed.pop(plan.new.task.id, None)
         try:
             async with pool.session() as session, session.transaction():
-                try:
-                    done = await session.pipeline(*calls, (COMMIT, None))
-                except psycopg.Error as exc:
-                    if (exc.sqlstate is not None and not _connection_ended(exc)) or (
-                        exc.sqlstate is None and isinstance(exc, psycopg.DataError)
-                    ):
-                        raise _RolledBack from exc
-                    raise _Unknown(exc) from exc
+                done = await _commit_pipelined(session, calls)
         except _RolledBack:
             return  # nothing was committed: every item runs alone
         except _Unknown as unknown:
