@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 import psycopg
@@ -93,6 +93,30 @@ async def queued_behind(
     for name, call in calls:
         nursery.start_soon(one, name, call)
         await trio.testing.wait_all_tasks_blocked()
+
+
+@contextlib.asynccontextmanager
+async def batched_behind(
+    dsn: str,
+    schema: str,
+    store: PostgresStore,
+    hold: str,
+    lease: Any,
+    calls: list[tuple[str, Any]],
+    found: dict[str, Any],
+) -> AsyncIterator[None]:
+    """``calls`` queued, in order, behind the settle of task ``hold`` (``lease``), whose row
+    another connection keeps locked until the block ends: they form the next batch together.
+    The block runs while that batch waits for the row."""
+    lock = sql.SQL("SELECT 1 FROM {}.tasks WHERE task_id = {} FOR UPDATE").format(
+        sql.Identifier(schema), sql.Literal(hold)
+    )
+    first = functools.partial(store.settle, hold, 0, Event.completed(RESULT), lease)
+    with trio.fail_after(GUARD):
+        async with trio.open_nursery() as nursery:
+            with held(dsn, lock):
+                await queued_behind(nursery, first, calls, found)
+                yield
 
 
 async def test_a_parameter_refused_before_sending_fails_only_its_own_creation(
@@ -229,12 +253,8 @@ async def test_text_in_the_batch_arrays_arrives_exactly(
             for task_id in STRANGE
         ]
         hold = await create_claimed(store, "hold")
-        lock = sql.SQL("SELECT 1 FROM {}.tasks WHERE task_id = 'hold' FOR UPDATE")
-        settle = functools.partial(store.settle, "hold", 0, Event.completed(RESULT), hold.lease)
-        with trio.fail_after(GUARD):
-            async with trio.open_nursery() as nursery:
-                with held(pg_schemas.dsn, lock.format(sql.Identifier(schema))):
-                    await queued_behind(nursery, settle, calls, found)
+        async with batched_behind(pg_schemas.dsn, schema, store, "hold", hold.lease, calls, found):
+            pass
         assert store._batcher.alone == 0
         for task_id in STRANGE:
             made = found[task_id]
@@ -260,12 +280,10 @@ async def test_text_in_the_batch_arrays_arrives_exactly(
             for task_id in STRANGE
         ]
         other = await create_claimed(store, "hold2")
-        lock = sql.SQL("SELECT 1 FROM {}.tasks WHERE task_id = 'hold2' FOR UPDATE")
-        settle = functools.partial(store.settle, "hold2", 0, Event.completed(RESULT), other.lease)
-        with trio.fail_after(GUARD):
-            async with trio.open_nursery() as nursery:
-                with held(pg_schemas.dsn, lock.format(sql.Identifier(schema))):
-                    await queued_behind(nursery, settle, settles, settled)
+        async with batched_behind(
+            pg_schemas.dsn, schema, store, "hold2", other.lease, settles, settled
+        ):
+            pass
         assert store._batcher.alone == 0
         for task_id in STRANGE:
             answer = settled[task_id]
@@ -308,12 +326,8 @@ async def test_a_settle_left_out_of_a_batch_whose_commit_is_unknown_runs_alone(
             (name, functools.partial(store.settle, "s", 0, event, made.lease))
             for name in ("s1", "s2")
         ]
-        lock = sql.SQL("SELECT 1 FROM {}.tasks WHERE task_id = 'hold' FOR UPDATE")
-        first = functools.partial(store.settle, "hold", 0, Event.completed(RESULT), hold.lease)
-        with trio.fail_after(GUARD):
-            async with trio.open_nursery() as nursery:
-                with held(pg_schemas.dsn, lock.format(sql.Identifier(schema))):
-                    await queued_behind(nursery, first, calls, found)
+        async with batched_behind(pg_schemas.dsn, schema, store, "hold", hold.lease, calls, found):
+            pass
         assert isinstance(found["s1"], psycopg.OperationalError), found["s1"]
         assert isinstance(found["s2"], Transition), found["s2"]
         assert found["s2"].outcome == "duplicate"
@@ -351,14 +365,11 @@ async def test_a_batch_notifies_once_per_operation_in_order_after_its_commit(
                 )
                 for name in settles
             ]
-            lock = sql.SQL("SELECT 1 FROM {}.tasks WHERE task_id = 'hold' FOR UPDATE")
-            first = functools.partial(store.settle, "hold", 0, Event.completed(RESULT), hold.lease)
-            with trio.fail_after(GUARD):
-                async with trio.open_nursery() as nursery:
-                    with held(pg_schemas.dsn, lock.format(sql.Identifier(schema))):
-                        await queued_behind(nursery, first, calls, found)
-                        heard = [(n.channel, n.payload) for n in listener.notifies(timeout=0.2)]
-                        assert heard == []  # the batch waits for the held row
+            async with batched_behind(
+                pg_schemas.dsn, schema, store, "hold", hold.lease, calls, found
+            ):
+                heard = [(n.channel, n.payload) for n in listener.notifies(timeout=0.2)]
+                assert heard == []  # the batch waits for the held row
             heard = [(n.channel, n.payload) for n in listener.notifies(timeout=1, stop_after=7)]
         assert store._batcher.alone == 0
         for name in settles:
@@ -420,12 +431,8 @@ async def test_a_connection_the_server_ends_once_the_commit_was_sent_is_an_unkno
         monkeypatch.setattr(Session, "pipeline", ended_after_commit)
         found: dict[str, Any] = {}
         calls = [(f"n{n}", functools.partial(submit, store, f"n{n}")) for n in range(4)]
-        lock = sql.SQL("SELECT 1 FROM {}.tasks WHERE task_id = 'hold' FOR UPDATE")
-        first = functools.partial(store.settle, "hold", 0, Event.completed(RESULT), hold.lease)
-        with trio.fail_after(GUARD):
-            async with trio.open_nursery() as nursery:
-                with held(pg_schemas.dsn, lock.format(sql.Identifier(schema))):
-                    await queued_behind(nursery, first, calls, found)
+        async with batched_behind(pg_schemas.dsn, schema, store, "hold", hold.lease, calls, found):
+            pass
         for n in range(4):
             assert isinstance(found[f"n{n}"], psycopg.errors.AdminShutdown), found[f"n{n}"]
             assert not isinstance(await store.inspect_task(f"n{n}"), NotFound)  # committed
@@ -477,13 +484,9 @@ async def test_one_batch_of_every_kind_under_limits_answers_each_caller_its_own(
             ("n4", functools.partial(submit, store, "n4")),
         ]
         found: dict[str, Any] = {}
-        lock = sql.SQL("SELECT 1 FROM {}.tasks WHERE task_id = 'hold' FOR UPDATE")
-        first = functools.partial(store.settle, "hold", 0, done, made["hold"].lease)
-        with trio.fail_after(GUARD):
-            async with trio.open_nursery() as nursery:
-                with held(pg_schemas.dsn, lock.format(sql.Identifier(schema))):
-                    await queued_behind(nursery, first, calls, found)
-                    batches = store._batcher.batches
+        lease = made["hold"].lease
+        async with batched_behind(pg_schemas.dsn, schema, store, "hold", lease, calls, found):
+            batches = store._batcher.batches
         assert store._batcher.batches == batches + 2
         assert store._batcher.alone == 1  # a-again
         for name in ("b", "a", "d"):
