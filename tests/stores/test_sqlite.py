@@ -1558,6 +1558,28 @@ def _timeless(value: Any) -> Any:
     return value
 
 
+def begin_older_schema(
+    target: sqlite3.Connection, source: sqlite3.Connection, version: int
+) -> None:
+    """Begin, on the empty file ``target``, ``source``'s store as schema ``version`` wrote it:
+    migrations 1 to ``version`` and the metadata row (``source``'s store id and boot epoch),
+    in a transaction left open for the caller's rows."""
+    target.execute("PRAGMA journal_mode = WAL")
+    target.execute("BEGIN")
+    target.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+    for migration in migrations()[:version]:
+        for statement in migration.statements():
+            target.execute(statement)
+    store_id, boot_epoch = source.execute(
+        "SELECT store_id, boot_epoch FROM tritask_metadata"
+    ).fetchone()
+    target.execute(
+        "INSERT INTO tritask_metadata (singleton, schema_version, store_id, boot_epoch)"
+        " VALUES (1, ?, ?, ?)",
+        (version, store_id, boot_epoch),
+    )
+
+
 async def test_a_schema_4_store_migrates_to_lean_rows_with_identical_reads(
     tmp_path: Path,
 ) -> None:
@@ -1581,17 +1603,7 @@ async def test_a_schema_4_store_migrates_to_lean_rows_with_identical_reads(
     assert len(rows["tritask_owner_leases"]) == 1
     old = tmp_path / "old.db"
     with raw(current) as source, raw(old) as target:
-        target.execute("PRAGMA journal_mode = WAL")
-        target.execute("BEGIN")
-        target.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-        for migration in migrations()[:4]:
-            for statement in migration.statements():
-                target.execute(statement)
-        target.execute(
-            "INSERT INTO tritask_metadata (singleton, schema_version, store_id, boot_epoch)"
-            " SELECT 1, 4, ?, ?",
-            source.execute("SELECT store_id, boot_epoch FROM tritask_metadata").fetchone(),
-        )
+        begin_older_schema(target, source, 4)
         for table, copied in rows.items():
             names = [r[1] for r in source.execute(f"PRAGMA table_info({table})")]
             select = "rowid, *" if table != "tritask_owner_leases" else "*"
@@ -1677,17 +1689,7 @@ async def test_a_schema_4_row_the_lean_checks_refuse_fails_the_migration_untouch
         await busy_task(store)
         await create(store, "other")
     with raw(current) as source, raw(old) as target:
-        target.execute("PRAGMA journal_mode = WAL")
-        target.execute("BEGIN")
-        target.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-        for migration in migrations()[:4]:
-            for statement in migration.statements():
-                target.execute(statement)
-        target.execute(
-            "INSERT INTO tritask_metadata (singleton, schema_version, store_id, boot_epoch)"
-            " SELECT 1, 4, ?, ?",
-            source.execute("SELECT store_id, boot_epoch FROM tritask_metadata").fetchone(),
-        )
+        begin_older_schema(target, source, 4)
         for table in ("tritask_tasks", "tritask_task_events"):
             rows = source.execute(f"SELECT * FROM {table} ORDER BY rowid").fetchall()
             marks = ", ".join("?" * len(rows[0]))
