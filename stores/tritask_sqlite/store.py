@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import functools
 import json
+import operator
 import os
 import random
 import sqlite3
@@ -470,14 +471,24 @@ def _same(column: object, value: object) -> bool:
     return type(column) is type(value) and column == value
 
 
+_NULL_AT: Final = tuple(i for i, name in enumerate(_COLUMN_NAMES) if name in _NULL_COLUMNS)
+_ALL_NULL: Final = (None,) * len(_NULL_AT)
+_nulls_of = operator.itemgetter(*_NULL_AT)
+_plain_of = operator.itemgetter(
+    *(i for i, name in enumerate(_COLUMN_NAMES) if name not in _NULL_COLUMNS)
+)
+
+
 def _is_plain(row: tuple[object, ...]) -> bool:
-    """Whether the row's ``_NULL_COLUMNS`` are all NULL (``_INSERT_PLAIN``, ``_PLANNED_PLAIN``)."""
-    return row[8] is None and row[14] is None and row[15] is None and row[16] is None
+    """Whether the row's ``_NULL_COLUMNS`` are all NULL (``_INSERT_PLAIN``, ``_PLANNED_PLAIN``).
+    The positions are derived from ``_COLUMNS``, so the two cannot drift apart."""
+    return bool(_nulls_of(row) == _ALL_NULL)
 
 
 def _plain_row(row: tuple[object, ...]) -> tuple[object, ...]:
     """The row's values but its ``_NULL_COLUMNS`` (``_COLUMNS`` order)."""
-    return (*row[:8], *row[9:14], row[17])
+    plain: tuple[object, ...] = _plain_of(row)
+    return plain
 
 
 def _expired(snapshot: Snapshot, now: int) -> bool:
