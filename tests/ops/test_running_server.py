@@ -89,7 +89,9 @@ async def test_read_only_commands_work_beside_a_running_server(tmp_path: Path) -
         assert [(lease["generation"], lease["live"]) for lease in leases] == [(1, True), (1, True)]
         assert tasks[0]["lease"] is None
 
-        status, out, err = await operator("tasks", "show", ids["ask"], "--store", store, "--json")
+        status, out, err = await operator(
+            "tasks", "show", "--store", store, "--json", "--", ids["ask"]
+        )
         assert (status, err) == (0, "")
         shown = json.loads(out)
         assert (shown["taskId"], shown["status"], shown["inputRequests"]) == (
@@ -104,7 +106,7 @@ async def test_read_only_commands_work_beside_a_running_server(tmp_path: Path) -
         assert (stats["total"], stats["byStatus"]["working"]) == (3, 1)
 
         # Writing needs the file, which the server holds: one line, nothing done.
-        status, out, err = await operator("tasks", "cancel", ids["slow"], "--store", store)
+        status, out, err = await operator("tasks", "cancel", "--store", store, "--", ids["slow"])
         assert (status, out) == (1, "")
         assert err.splitlines() == [
             f"tritask: StoreLocked: {str(db)!r} is locked by another process ({db}.lock): it "
