@@ -225,7 +225,8 @@ async def test_list_shows_every_scope_with_leases_in_creation_order(
         code, table = await cli(env.store, "tasks", "list", "--limit", "2")
         assert code == 0
         assert table.splitlines() == [
-            f"TASK{' ' * 30}STATUS          TOOL  CREATED                   AGE   REV  RETRIES"
+            f"TASK{' ' * (len(ids['hold']) - 2)}STATUS          TOOL  CREATED                   AGE"
+            "   REV  RETRIES"
             "  LEASE",
             f"{ids['hold']}  working         hold  {at(0)}  3.0s  0    0        "
             "runner-1 gen 1 expires in 27s",

@@ -6,6 +6,8 @@ from __future__ import annotations
 import base64
 import json
 import re
+import string
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -174,16 +176,46 @@ async def test_create_task_result_is_flat_and_get_resolves_immediately(
     assert direct == done["result"]
 
 
+SORTABLE = string.digits + string.ascii_uppercase + string.ascii_lowercase
+
+
+def id_instant_ms(task_id: str) -> int:
+    """The millisecond a default task id's first 8 characters encode (base 62)."""
+    ms = 0
+    for char in task_id[:8]:
+        ms = ms * 62 + SORTABLE.index(char)
+    return ms
+
+
 async def test_task_ids_carry_192_bits_and_are_url_safe(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     env = await basic_env(nursery)
+    before = time.time_ns() // 1_000_000
     ids = {await env.create("slow", {"seconds": 0}) for _ in range(40)}
     ids |= {default_task_id() for _ in range(200)}
+    after = time.time_ns() // 1_000_000
     assert len(ids) == 240
     for task_id in ids:
-        assert re.fullmatch(r"[A-Za-z0-9_-]{32}", task_id)
-        assert len(base64.urlsafe_b64decode(task_id)) == 24  # 192 bits
+        assert re.fullmatch(r"[A-Za-z0-9]{8}[A-Za-z0-9_-]{32}", task_id)
+        assert len(base64.urlsafe_b64decode(task_id[8:])) == 24  # 192 bits
+        assert before <= id_instant_ms(task_id) <= after
+
+
+def test_task_ids_sort_in_creation_order_by_the_millisecond() -> None:
+    """The 8-character prefix is the creation millisecond in base-62 digits that sort in
+    ASCII order, so ids of later milliseconds compare greater as plain text (what a store's
+    B-tree index compares)."""
+    assert "".join(sorted(SORTABLE)) == SORTABLE
+    made = []
+    for _ in range(5):
+        made.append(default_task_id())
+        start = time.time_ns() // 1_000_000
+        while time.time_ns() // 1_000_000 == start:  # the next millisecond
+            pass
+    assert sorted(made) == made
+    instants = [id_instant_ms(task_id) for task_id in made]
+    assert instants == sorted(set(instants))
 
 
 async def test_sync_and_optional_policies_and_the_legacy_task_hint_is_ignored(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import secrets
+import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -145,9 +146,32 @@ WorkBuilder = Callable[[str, str, dict[str, JSONValue], Context], Work]
 IdGenerator = Callable[[], str]
 
 
+#: Base-62 digits in ASCII order, so that comparing two encoded instants as text compares the
+#: instants (and an id never starts with ``-``, which command lines read as an option).
+_SORTABLE_DIGITS: Final = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+_INSTANT_WIDTH: Final = 8  # 62**8 ms: until the year 8888
+
+
 def default_task_id() -> str:
-    """24 random bytes from ``secrets``: 192 bits, URL-safe, 32 characters."""
-    return secrets.token_urlsafe(24)
+    """The creation millisecond (the host's clock) in 8 base-62 digits that sort as it does,
+    then 24 random bytes from ``secrets`` (192 bits, URL-safe base64): 40 characters.
+
+    The random part alone makes the id unguessable, as it did alone before. Why the instant in
+    front: a durable store keys the task's row and its ledger entries by the id in B-tree
+    indexes; random ids put each group commit's new rows on pages all over those indexes, ids
+    in creation order put them at the indexes' right edge. On SQLite (``bench tasks``, FULL)
+    the server wrote 16.9 KB per task with random ids and 9.3 KB with these (7.8 against 4.2
+    write calls) at 2,500 tasks in the file, 21.2 against 9.0 KB at 6,500
+    (``docs/benchmarks-changelog.md``). The clock only orders ids roughly (hosts' clocks
+    differ, a clock may step back): nothing relies on the order, and uniqueness is the random
+    part's.
+    """
+    ms = time.time_ns() // 1_000_000
+    digits = []
+    for _ in range(_INSTANT_WIDTH):
+        ms, digit = divmod(ms, 62)
+        digits.append(_SORTABLE_DIGITS[digit])
+    return "".join(reversed(digits)) + secrets.token_urlsafe(24)
 
 
 def principal_scope(ctx: Any) -> JSONValue:
