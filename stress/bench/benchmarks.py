@@ -461,6 +461,7 @@ async def _drive_tasks(params: TasksParams, servers: list[ServerProcess]) -> dic
     finished = time.perf_counter()
     client_cpu = time.process_time() - client_cpu
     server_cpu = sum(n["cpuSeconds"] - b["cpuSeconds"] for n, b in zip(now, before, strict=True))
+    thread_cpu, thread_busy = _thread_figures(before, now)
     writes = sum(n["writes"] - b["writes"] for n, b in zip(now, before, strict=True))
     calls: dict[str, int] = {}
     for n, b in zip(now, before, strict=True):
@@ -480,10 +481,37 @@ async def _drive_tasks(params: TasksParams, servers: list[ServerProcess]) -> dic
         **_task_figures(done, len(created), stops, (started, created_at, finished), latencies),
         **_store_figures(done, writes, calls),
         "serverCpuMsPerTask": _per_task_ms(server_cpu, done),
+        "serverThreadCpuMsPerTask": None if thread_cpu is None else _per_task_ms(thread_cpu, done),
+        "serverThreadBusy": thread_busy,
         "loadGeneratorCpuMsPerTask": _per_task_ms(client_cpu, done),
         "sampleStatuses": sorted(set(statuses)),
         "failures": failures,
     }
+
+
+def _thread_figures(
+    before: list[dict[str, Any]], now: list[dict[str, Any]]
+) -> tuple[float | None, float | None]:
+    """The servers' event-loop threads between two readings: their CPU seconds (summed) and
+    the mean fraction of each server's own elapsed time they spent on a CPU (the rest they
+    waited: for I/O, a commit, the GIL). ``None`` when a server does not report them.
+
+    Why: a server's process time counts its worker threads too, so it cannot tell a trio
+    thread that is busy all the time from one that waits a third of it."""
+    keys = ("threadCpuSeconds", "monotonicSeconds")
+    if not all(key in stats for stats in (*before, *now) for key in keys):
+        return None, None
+    spans = [
+        (
+            n["threadCpuSeconds"] - b["threadCpuSeconds"],
+            n["monotonicSeconds"] - b["monotonicSeconds"],
+        )
+        for n, b in zip(now, before, strict=True)
+    ]
+    if any(elapsed <= 0 for _, elapsed in spans):
+        return sum(cpu for cpu, _ in spans), None
+    busy = sum(cpu / elapsed for cpu, elapsed in spans) / len(spans)
+    return sum(cpu for cpu, _ in spans), round(busy, 3)
 
 
 def _per_task_ms(seconds: float, tasks: int) -> float:

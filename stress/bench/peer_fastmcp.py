@@ -53,6 +53,8 @@ def build(concurrency: int) -> Any:
             "calls": {},
             "pid": os.getpid(),
             "cpuSeconds": time.process_time(),
+            "threadCpuSeconds": time.thread_time(),  # the event loop's thread
+            "monotonicSeconds": time.monotonic(),
         }
 
     return mcp

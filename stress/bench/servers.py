@@ -290,6 +290,10 @@ def tasks_app(
             "calls": dict(store.calls),
             "pid": os.getpid(),
             "cpuSeconds": time.process_time(),
+            # This tool runs in the trio thread: its CPU time alone, the server's critical path
+            # (the process time above also counts the SQLite lane's worker thread).
+            "threadCpuSeconds": time.thread_time(),
+            "monotonicSeconds": time.monotonic(),
             "rssKiB": _current_rss_kib(),
             "peakRssKiB": _peak_rss_kib(),
             "jobs": len(tasks.runner.active_task_ids()) if tasks.runner is not None else 0,

@@ -115,6 +115,11 @@ def test_bench_tasks_sqlite_smoke() -> None:
     assert result["ratio"] == round(min(rounds) / min(raw_rounds), 3)
     assert result["baseline"]["commitsPerTask"] >= 2
     assert result["baseline"]["settings"]["synchronous"] == "FULL"
+    # The trio thread's own share: part of the process's CPU, busy part of the drive's time.
+    for side in ("tritask", "memory"):
+        figures = result[side]
+        assert 0 < figures["serverThreadCpuMsPerTask"] <= figures["serverCpuMsPerTask"]
+        assert 0 < figures["serverThreadBusy"] <= 1
     assert isinstance(result["ratio"], float)
     assert isinstance(result["target_met"], bool)
 
