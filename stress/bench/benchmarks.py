@@ -110,15 +110,22 @@ class ServerProcess:
     @classmethod
     @asynccontextmanager
     async def start(
-        cls, kind: str, *options: str, cpu: int | None = None, argv: list[str] | None = None
+        cls,
+        kind: str,
+        *options: str,
+        cpu: int | None = None,
+        argv: list[str] | None = None,
+        checkout: str | None = None,
     ) -> AsyncIterator[ServerProcess]:
-        """``python -m stress.bench.servers KIND OPTIONS``, or ``argv`` (a peer's server)."""
+        """``python -m stress.bench.servers KIND OPTIONS``, or ``argv`` (a peer's server);
+        with ``checkout``, that checkout's server (its packages first on the path)."""
         if argv is None:
             argv = [sys.executable, "-m", "stress.bench.servers", kind, *options]
             if cpu is not None:
                 argv += ["--cpu", str(cpu)]
+        env, cwd = (None, None) if checkout is None else _checkout_environment(checkout)
         process = await trio.lowlevel.open_process(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, env=env, cwd=cwd
         )
         try:
             assert process.stdout is not None
@@ -142,6 +149,14 @@ class ServerProcess:
                 if process.returncode is None:
                     process.kill()
                     await process.wait()
+
+
+def _checkout_environment(checkout: str) -> tuple[dict[str, str], str]:
+    """The environment and directory in which ``python -m stress.bench.servers`` is the
+    server of ``checkout``: its packages (``tritask``, ``stress``, the stores) first."""
+    root = os.path.abspath(checkout)
+    path = [root, os.path.join(root, "stores"), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, path))}, root
 
 
 def process_cpu_seconds(pid: int) -> float | None:
@@ -349,6 +364,10 @@ class TasksParams:
     unlimited: bool = False
     """The servers' stores without limits; by default they have the store's defaults
     (``max_tasks`` 10,000, ``max_active_tasks_per_scope`` 100), as a user's server has."""
+    against: str | None = None
+    """Another checkout of tritask whose server runs each round's tritask side too (``bench
+    tasks`` on SQLite or the memory store): a change measured side by side with the code
+    before it, both seeing the same drift of the machine."""
 
 
 #: ``bench tasks`` targets (issue 15): a durable store against the raw per-task-commit loop and
@@ -400,14 +419,15 @@ def _median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     return {**median, "roundsTasksPerSecond": [figures["tasksPerSecond"] for figures in rounds]}
 
 
-async def _tasks_run(params: TasksParams, url: str) -> dict[str, Any]:
-    """Create ``tasks`` tasks over HTTP through ``processes`` servers; wait for all completed."""
+async def _tasks_run(params: TasksParams, url: str, checkout: str | None = None) -> dict[str, Any]:
+    """Create ``tasks`` tasks over HTTP through ``processes`` servers (of ``checkout``, if
+    given); wait for all completed."""
     options = ["--store", url, "--sqlite-synchronous", params.sqlite_synchronous]
     if params.unlimited:
         options.append("--unlimited")
-    if os.environ.get("TRITASK_BENCH_PROFILE"):
+    if os.environ.get("TRITASK_BENCH_PROFILE") and checkout is None:
         options += ["--profile", os.environ["TRITASK_BENCH_PROFILE"]]
-    async with _servers(params.processes, options) as servers:
+    async with _servers(params.processes, options, checkout) as servers:
         return await _drive_tasks(params, servers)
 
 
@@ -600,19 +620,23 @@ async def _tasks_in_process(params: TasksParams, url: str) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def _servers(count: int, options: Sequence[str]) -> AsyncIterator[list[ServerProcess]]:
-    async with _servers_from(count, list(options)) as servers:
+async def _servers(
+    count: int, options: Sequence[str], checkout: str | None = None
+) -> AsyncIterator[list[ServerProcess]]:
+    async with _servers_from(count, list(options), checkout) as servers:
         yield servers
 
 
 @asynccontextmanager
-async def _servers_from(count: int, options: list[str]) -> AsyncIterator[list[ServerProcess]]:
+async def _servers_from(
+    count: int, options: list[str], checkout: str | None
+) -> AsyncIterator[list[ServerProcess]]:
     if count == 0:
         yield []
         return
     async with (
-        ServerProcess.start("tasks", *options) as first,
-        _servers_from(count - 1, options) as rest,
+        ServerProcess.start("tasks", *options, checkout=checkout) as first,
+        _servers_from(count - 1, options, checkout) as rest,
     ):
         yield [first, *rest]
 
@@ -632,9 +656,12 @@ async def bench_tasks(params: TasksParams) -> dict[str, Any]:
     raws: list[dict[str, Any]] = []
     memories: list[dict[str, Any]] = []
     peers: list[dict[str, Any]] = []
+    againsts: list[dict[str, Any]] = []
     scheme = store_scheme(params.store)
     durable = scheme in ("sqlite", "postgresql", "postgres")
     family = "postgresql" if scheme in ("postgresql", "postgres") else scheme
+    if params.against is not None:
+        check_against(params)
     with tempfile.TemporaryDirectory(prefix="tritask-bench-") as workdir:
         for round_ in range(params.repeats):
             fresh = _fresh_store_url(params.store, workdir, f"bench-{round_}.db")
@@ -643,6 +670,9 @@ async def bench_tasks(params: TasksParams) -> dict[str, Any]:
                     runs.append(await _tasks_in_process(params, url))
                 else:
                     runs.append(await _tasks_run(params, url))
+            if params.against is not None:
+                other = _fresh_store_url(params.store, workdir, f"against-{round_}.db")
+                againsts.append(await _tasks_run(params, other, params.against))
             if params.raw:
                 commits = max(1, round(runs[-1]["storeWritesPerTask"]))
                 raw = await raw_limit(
@@ -664,6 +694,7 @@ async def bench_tasks(params: TasksParams) -> dict[str, Any]:
     baseline = _median_round(raws) if raws else None
     memory = _median_round(memories) if memories else None
     peer = _median_round(peers) if peers else None
+    against = _median_round(againsts) if againsts else None
 
     def over(other: dict[str, Any] | None) -> float | None:
         if other is None:
@@ -711,8 +742,26 @@ async def bench_tasks(params: TasksParams) -> dict[str, Any]:
         ratioToMemory=ratios["memory"],
         peer=peer,
         ratioToPeer=ratios["peer"],
+        against=against,
+        ratioToAgainst=over(against),
         targets=targets,
     )
+
+
+def check_against(params: TasksParams) -> None:
+    """``--against`` needs a checkout with the benchmark's server, a store each round can
+    start fresh without this code's migrations (a PostgreSQL schema is migrated by this
+    checkout, which the other may not read), and the HTTP transport."""
+    assert params.against is not None
+    scheme = store_scheme(params.store)
+    server = os.path.join(params.against, "stress", "bench", "servers.py")
+    if not os.path.isfile(server):
+        raise ValueError(f"--against {params.against!r}: no stress/bench/servers.py there")
+    fresh = scheme == "memory" or params.store in ("sqlite:", "sqlite:auto")
+    if not fresh:
+        raise ValueError("--against runs on memory: or sqlite:auto (a fresh file per round)")
+    if params.transport != "http":
+        raise ValueError("--against compares servers: it needs --transport http")
 
 
 async def bench_scale(

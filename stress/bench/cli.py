@@ -99,6 +99,14 @@ def register_bench(commands: Any, common: Callable[[argparse.ArgumentParser], No
                 help="rounds of (tritask run, raw loop), interleaved; medians are reported",
             )
             parser.add_argument(
+                "--against",
+                default=None,
+                metavar="CHECKOUT",
+                help="also run each round's tritask side with the server of another checkout "
+                "of tritask (e.g. a git worktree of the commit before a change): before and "
+                "after side by side, on the same machine drift; SQLite and memory stores only",
+            )
+            parser.add_argument(
                 "--transport",
                 choices=["http", "in-process"],
                 default="http",
@@ -261,7 +269,16 @@ def _handle_tasks(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         memory=not args.no_memory,
         peer=args.peer,
+        against=args.against,
     )
+    if params.against is not None:
+        from stress.bench.benchmarks import check_against
+
+        try:
+            check_against(params)
+        except ValueError as exc:
+            print(f"bench tasks: error: {exc}", file=sys.stderr)
+            return 2
     return _run(args, lambda: bench_tasks(params))
 
 

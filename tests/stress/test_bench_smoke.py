@@ -125,6 +125,41 @@ def test_bench_tasks_sqlite_smoke() -> None:
 
 
 @pytest.mark.skipif(not HAS_SQLITE, reason="the SQLite store is not installed")
+def test_bench_tasks_against_another_checkout_smoke() -> None:
+    """Each round also runs the other checkout's server (here this one's), on its own fresh
+    file; its median round and the ratio to it are reported."""
+    result = bench(
+        "tasks", "--store", "sqlite:auto", "--tasks", "20", "--clients", "2", "--repeats", "2",
+        "--no-raw", "--no-memory", "--against", str(ROOT),
+    )  # fmt: skip
+    assert result["params"]["against"] == str(ROOT)
+    against = result["against"]
+    assert (against["completed"], against["sampleStatuses"]) == (20, ["completed"])
+    assert len(against["roundsTasksPerSecond"]) == 2
+    assert against["storeCalls"] == {"settle": 20, "submit": 20}
+    assert 0 < against["serverThreadBusy"] <= 1
+    ours, theirs = result["tritask"]["tasksPerSecond"], against["tasksPerSecond"]
+    assert result["ratioToAgainst"] == round(ours / theirs, 3)
+
+
+def test_bench_tasks_against_refuses_what_it_cannot_compare() -> None:
+    for argv, message in (
+        (["--against", str(ROOT / "no-such-checkout")], "no stress/bench/servers.py there"),
+        (["--store", "postgresql://127.0.0.1/x", "--against", str(ROOT)], "memory: or sqlite:auto"),
+        (["--transport", "in-process", "--against", str(ROOT)], "--transport http"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "stress", "bench", "tasks", *argv, "--json"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=60,
+        )
+        assert (done.returncode, done.stdout) == (2, ""), done.stderr
+        assert message in done.stderr
+
+
+@pytest.mark.skipif(not HAS_SQLITE, reason="the SQLite store is not installed")
 def test_bench_tasks_in_process_smoke() -> None:
     """The same app through its dispatcher, no HTTP: figures, but no verdict on the target."""
     result = bench(
