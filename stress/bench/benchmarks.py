@@ -528,10 +528,10 @@ def _thread_figures(
         )
         for n, b in zip(now, before, strict=True)
     ]
+    cpu = sum(used for used, _ in spans)
     if any(elapsed <= 0 for _, elapsed in spans):
-        return sum(cpu for cpu, _ in spans), None
-    busy = sum(cpu / elapsed for cpu, elapsed in spans) / len(spans)
-    return sum(cpu for cpu, _ in spans), round(busy, 3)
+        return cpu, None
+    return cpu, round(sum(used / elapsed for used, elapsed in spans) / len(spans), 3)
 
 
 def _per_task_ms(seconds: float, tasks: int) -> float:
