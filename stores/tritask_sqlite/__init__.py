@@ -66,9 +66,13 @@ def open_store(url: str, **options: Any) -> SqliteStore:
     ``exclusive=True``: one serving process owns the file and fences a crashed predecessor's
     claims. Pass ``exclusive=False`` to let several processes on one host share it, or
     ``read_only=True`` to read it beside a server that holds it (no lock, nothing written).
+    And it defaults ``writer_process=True``: a serving store commits its hot writes through a
+    child process of its own (see :mod:`tritask_sqlite._writer`; ``writer_process=False``
+    keeps every write in this process).
     """
     options.setdefault("scope", "shared")
     options.setdefault("exclusive", not options.get("read_only", False))
+    options.setdefault("writer_process", not options.get("read_only", False))
     return SqliteStore(path_from_url(url), **options)
 
 

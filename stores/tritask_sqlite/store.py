@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import operator
 import os
 import random
@@ -163,6 +164,14 @@ from tritask.tasks.store import (
 from tritask.tasks.work import JSONObject, Work, canonical_json, stored_text
 from tritask_sqlite import schema
 from tritask_sqlite._lane import Lane, savepoint
+from tritask_sqlite._writer import (
+    CHECK_NONE,
+    CHECK_ONE_ROW,
+    CHECK_TRUE,
+    Step,
+    WriterProcess,
+    WriterUnavailable,
+)
 
 __all__ = ["AuditFinding", "AuditPage", "LedgerEntry", "SqliteStore", "StoreLocked"]
 
@@ -339,6 +348,32 @@ _CAPACITY = (
     " CASE WHEN ?3 THEN (SELECT count(*) FROM tritask_tasks WHERE scope = ?4"
     f" AND {_ACTIVE} AND status >= 'input_required' AND status <= 'working') END"
 )
+#: ``_CAPACITY``'s decision as one value for the writer process: ``1`` when the id is new and
+#: both limits (``NULL``: none) leave room (else the store decides the creation itself).
+_CAPACITY_ROOM = (
+    "SELECT NOT EXISTS (SELECT 1 FROM tritask_tasks WHERE task_id = ?1)"
+    " AND CASE WHEN ?2 IS NULL THEN 1 ELSE (SELECT count(*) FROM tritask_tasks) < ?2 END"
+    " AND CASE WHEN ?3 IS NULL THEN 1 ELSE (SELECT count(*) FROM tritask_tasks WHERE scope = ?4"
+    f" AND {_ACTIVE} AND status >= 'input_required' AND status <= 'working') < ?3 END"
+)
+#: The statements the writer process runs (see :mod:`._writer`), by their index there.
+_WRITER_STATEMENTS: Final = (
+    _INSERT_PLAIN,
+    _INSERT_TASK,
+    _PLANNED_PLAIN,
+    _PLANNED_UPDATE,
+    _INSERT_EVENT,
+    _CAPACITY_ROOM,
+)
+_W_INSERT_PLAIN, _W_INSERT_TASK, _W_PLANNED_PLAIN, _W_PLANNED_UPDATE, _W_EVENT, _W_ROOM = range(6)
+#: The ledger row of a planned settle the writer process may have committed before it failed.
+_PLANNED_SEEN = (
+    "SELECT 1 FROM tritask_task_events WHERE task_id = ? AND event_id = ?"
+    " AND event_revision = ? AND committed_at_us = ?"
+)
+_CLAIM_TOKEN = "SELECT claim_token FROM tritask_tasks WHERE task_id = ?"
+log = logging.getLogger("tritask_sqlite")
+
 _CLEAR_CLAIM = (
     "UPDATE tritask_tasks SET claim_owner = NULL, claim_token = NULL,"
     " claim_expires_at_us = NULL, claim_epoch = NULL, claim_follows = 0 WHERE task_id = ?"
@@ -375,6 +410,15 @@ class _Insert:
     body: Callable[[sqlite3.Connection, int], tuple[int, Lease | None, tuple[object, ...]]]
     snapshot: Callable[[int, bool], Snapshot]
     """The stored snapshot, given the creation instant and whether it was claimed."""
+    written: Callable[[int], tuple[tuple[int, Lease | None, tuple[object, ...]], list[Step]]] | None
+    """For the writer process (a creation that is always claimed, without a concurrency key):
+    at a clock reading, what ``body`` returns and the steps that write it; ``None`` otherwise."""
+    reconcile: Callable[
+        [tuple[int, Lease | None, tuple[object, ...]], sqlite3.Connection, int],
+        tuple[int, Lease | None, tuple[object, ...]],
+    ]
+    """``body`` after the writer left the creation undecided: first whether the writer had
+    committed it after all (the row holds the new claim's token), else decided afresh."""
 
 
 @attrs.frozen
@@ -597,7 +641,11 @@ class SqliteStore:
     open only an existing store, never make one, e.g. for the operator commands, which must
     not leave a new database behind a mistyped path), ``read_only`` (read without a lock and
     without writing anything, beside a server that holds the file exclusively; implies
-    ``create=False``, excludes ``exclusive``).
+    ``create=False``, excludes ``exclusive``), ``writer_process`` (commit the hot writes,
+    creating a claimed task and settling one, through a child process with a connection and a
+    GIL of its own: see :mod:`tritask_sqlite._writer`; the ``sqlite:`` URL form turns it on.
+    Not read-only; a writer that cannot start is logged and the store writes on its own
+    connection).
     """
 
     def __init__(
@@ -614,8 +662,13 @@ class SqliteStore:
         reap_batch_size: int = 500,
         create: bool = True,
         read_only: bool = False,
+        writer_process: bool = False,
     ) -> None:
         self._path = _database_path(path)
+        if not isinstance(writer_process, bool):
+            raise TypeError("writer_process must be a bool")
+        self._writer_wanted = writer_process and not read_only
+        self._writer: WriterProcess | None = None
         if not isinstance(create, bool):
             raise TypeError("create must be a bool")
         if not isinstance(read_only, bool):
@@ -694,8 +747,37 @@ class SqliteStore:
             self._lane = Lane(conn)
             self._store_uuid, self._epoch = info.store_id, info.boot_epoch
             self._id = self._instance_id(info.boot_epoch)
+            if self._writer_wanted:
+                try:
+                    self._writer = await self._start_writer()
+                except BaseException:
+                    self._conn = self._lock_fd = self._lane = None
+                    with trio.CancelScope(shield=True):
+                        await trio.to_thread.run_sync(_close, conn, lock_fd)
+                    raise
             self._state = "open"
         return self
+
+    async def _start_writer(self) -> WriterProcess | None:
+        writer = WriterProcess(
+            self._path,
+            busy_timeout_ms=self._busy_timeout_ms,
+            synchronous=self._synchronous,
+            statements=_WRITER_STATEMENTS,
+            clock=None if self._clock is None else self._read_clock,
+        )
+        try:
+            await writer.start()
+        except WriterUnavailable as exc:
+            log.warning("%s; %r writes on its own connection", exc, self._path)
+            return None
+        return writer
+
+    @property
+    def writer(self) -> WriterProcess | None:
+        """The writer process while it is used (``writer_process=True``), else ``None``."""
+        writer = self._writer
+        return writer if writer is not None and writer.usable else None
 
     def _instance_id(self, epoch: int) -> str:
         """The identity accesses and leases carry: the store's UUID and a boot epoch."""
@@ -794,6 +876,9 @@ class SqliteStore:
         self._feed.close()
         with trio.CancelScope(shield=True):
             async with self._lock:
+                writer, self._writer = self._writer, None
+                if writer is not None:
+                    await writer.aclose()
                 if self._lane is not None:
                     await self._lane.wait_idle()
                 conn, lock_fd = self._conn, self._lock_fd
@@ -1052,7 +1137,7 @@ class SqliteStore:
     ) -> Claimed:
         claim = (check_owner(owner_id), check_positive_ms(lease_ms, "lease_ms"))
         insert = self._inserter(task, work, access, stamp=stamp, claim=claim)
-        created_at, lease, row = await self._transact(insert.body, write=True, single=True)
+        created_at, lease, row = await self._insert(insert)
         assert lease is not None
         snapshot = insert.snapshot(created_at, True)
         self._remember(_Recent(row, clone_snapshot(snapshot), lease))
@@ -1075,13 +1160,27 @@ class SqliteStore:
         insert = self._inserter(
             task, work, access, stamp=True, claim=claim, queue=True, concurrency=concurrency
         )
-        created_at, lease, row = await self._transact(insert.body, write=True, single=True)
+        created_at, lease, row = await self._insert(insert)
         snapshot = insert.snapshot(created_at, lease is not None)
         if lease is None:
             self._signal()
             return snapshot
         self._remember(_Recent(row, clone_snapshot(snapshot), lease))
         return Claimed(snapshot, lease)
+
+    async def _insert(self, insert: _Insert) -> tuple[int, Lease | None, tuple[object, ...]]:
+        """The creation, through the writer process when it can write it (see :mod:`._writer`),
+        else (or when it left it undecided) in the lane's transaction."""
+        writer = self._writer
+        if insert.written is not None and writer is not None and writer.usable:
+            created, steps = insert.written(self._read_clock())
+            self._writes += 1
+            if await writer.run(steps):
+                return created
+            return await self._transact(
+                functools.partial(insert.reconcile, created), write=True, single=True
+            )
+        return await self._transact(insert.body, write=True, single=True)
 
     def listen_queue(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Call ``callback()`` after each commit of this store object that may make a task
@@ -1194,20 +1293,16 @@ class SqliteStore:
             None if queued_document is None else self._prepared(queued_document, stamp, token)
         )
 
-        def body(
-            conn: sqlite3.Connection, now: int
-        ) -> tuple[int, Lease | None, tuple[object, ...]]:
+        def build(now: int, claimed: bool) -> tuple[int, Lease | None, tuple[object, ...]]:
+            """The creation instant, the claim and the row, at the clock reading ``now``."""
             created_at = task.created_at
             if stamp:
                 if not 0 <= now <= MAX_INSTANT:
                     raise InvalidTask("the store clock is outside the instants a task can hold")
                 created_at = now
-            if limited:
-                self._check_capacity(conn, task.id, scope)
             lease = None
-            if claim is not None and (
-                not decide or (key is not None and self._key_has_room(conn, key, limit, now))
-            ):
+            if claimed:
+                assert claim is not None
                 owner_id, lease_ms = claim
                 lease = Lease(
                     store_id=self._id,
@@ -1241,6 +1336,20 @@ class SqliteStore:
                 limit,
                 0,
             )
+            return created_at, lease, row
+
+        def body(
+            conn: sqlite3.Connection, now: int
+        ) -> tuple[int, Lease | None, tuple[object, ...]]:
+            if stamp and not 0 <= now <= MAX_INSTANT:
+                raise InvalidTask("the store clock is outside the instants a task can hold")
+            if limited:
+                self._check_capacity(conn, task.id, scope)
+            claimed = claim is not None and (
+                not decide or (key is not None and self._key_has_room(conn, key, limit, now))
+            )
+            created = build(now, claimed)
+            row = created[2]
             try:
                 if _is_plain(row):
                     conn.execute(_INSERT_PLAIN, _plain_row(row))
@@ -1250,7 +1359,34 @@ class SqliteStore:
                 if exc.sqlite_errorcode == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY:
                     raise AlreadyExists(task.id) from None
                 raise
-            return created_at, lease, row
+            return created
+
+        written = None
+        if claim is not None and concurrency is None:  # always claimed: nothing to decide
+            room = (task.id, self._max_tasks, self._max_active, scope)
+
+            def written(
+                now: int,
+            ) -> tuple[tuple[int, Lease | None, tuple[object, ...]], list[Step]]:
+                created = build(now, True)
+                row = created[2]
+                steps: list[Step] = [(_W_ROOM, room, CHECK_TRUE)] if limited else []
+                if _is_plain(row):
+                    steps.append((_W_INSERT_PLAIN, _plain_row(row), CHECK_NONE))
+                else:
+                    steps.append((_W_INSERT_TASK, row, CHECK_NONE))
+                return created, steps
+
+        def reconcile(
+            created: tuple[int, Lease | None, tuple[object, ...]],
+            conn: sqlite3.Connection,
+            now: int,
+        ) -> tuple[int, Lease | None, tuple[object, ...]]:
+            lease = created[1]
+            found = conn.execute(_CLAIM_TOKEN, (task.id,)).fetchone()
+            if lease is not None and found is not None and found[0] == lease.token:
+                return created  # the writer committed it before it failed
+            return body(conn, now)
 
         def stamped(created_at: int, claimed: bool) -> Snapshot:
             """The stored record (the store keeps nothing in memory, so the caller may have
@@ -1261,7 +1397,7 @@ class SqliteStore:
             task_at = revise(base.task, created_at=created_at, last_updated_at=created_at)
             return revise(base, task=task_at)
 
-        return _Insert(body=body, snapshot=stamped)
+        return _Insert(body=body, snapshot=stamped, written=written, reconcile=reconcile)
 
     @staticmethod
     def _prepared(document: JSONObject, stamp: bool, token: str) -> Callable[[int], str]:
@@ -1830,8 +1966,35 @@ class SqliteStore:
                 event_text=event_text,
             )
 
+        writer = self._writer
         if planned is None:
             result = await self._transact(body, write=True, announce=True)
+        elif writer is not None and writer.usable:
+            plan = planned
+            (plain, update), entry = self._planned_steps(plan, event, event_text)
+            steps: list[Step] = [
+                (_W_PLANNED_PLAIN if plain else _W_PLANNED_UPDATE, update, CHECK_ONE_ROW),
+                (_W_EVENT, entry, CHECK_NONE),
+            ]
+            self._writes += 1
+            if await writer.run(
+                steps,
+                deadline_us=plan.lease.expires_at,
+                committed=functools.partial(self._announce, plan.transition),
+            ):
+                result = plan.transition
+            else:
+
+                def after_writer(
+                    conn: sqlite3.Connection, now: int
+                ) -> Transition | Conflict | NotFound:
+                    new = plan.transition
+                    seen = (task_id, event.id, new.event_revision, new.committed_at)
+                    if conn.execute(_PLANNED_SEEN, seen).fetchone() is not None:
+                        return new  # the writer committed it before it failed
+                    return body(conn, now)
+
+                result = await self._transact(after_writer, write=True, announce=True)
         else:
             plan = planned
 
@@ -1898,58 +2061,51 @@ class SqliteStore:
         own rollback of a batch (the other operations run again, this one fails alone).
         A WAL ``ROLLBACK`` only drops the connection's uncommitted pages: nothing to fail on.
         """
-        transition = planned.transition
-        new = transition.snapshot
-        row = planned.row  # _COLUMNS order: the task id, then the columns compared
-        task_id = row[0]
-        retry_at = new.available_at
-        if retry_at is None and _is_plain(row):
-            updated = conn.execute(
-                _PLANNED_PLAIN,
-                (
-                    snapshot_record_version(new),
-                    planned.record,
-                    new.revision,
-                    new.task.status.value,
-                    *_plain_row(row),
-                    event.id,
-                ),
-            ).rowcount
-        else:
-            updated = conn.execute(
-                _PLANNED_UPDATE,
-                (
-                    snapshot_record_version(new),
-                    planned.record,
-                    new.revision,
-                    new.task.status.value,
-                    retry_at,
-                    *row,
-                    event.id,
-                ),
-            ).rowcount
+        (plain, update), entry = self._planned_steps(planned, event, event_text)
+        updated = conn.execute(_PLANNED_PLAIN if plain else _PLANNED_UPDATE, update).rowcount
         if updated == 0:
             return False
         if updated != 1:  # pragma: no cover - task_id is the primary key
-            raise CorruptStore(new.task.id, f"the planned settle wrote {updated} rows, not 1")
+            task_id = planned.transition.snapshot.task.id
+            raise CorruptStore(task_id, f"the planned settle wrote {updated} rows, not 1")
         try:
-            conn.execute(
-                _INSERT_EVENT,
-                (
-                    task_id,
-                    event.id,
-                    event_text,
-                    event.kind.value,
-                    new.revision,
-                    transition.committed_at,
-                    planned.effects,
-                ),
-            )
+            conn.execute(_INSERT_EVENT, entry)
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
         return True
+
+    @staticmethod
+    def _planned_steps(
+        planned: _Planned, event: Event, event_text: str
+    ) -> tuple[tuple[bool, tuple[object, ...]], tuple[object, ...]]:
+        """The planned settle's row write (whether it is ``_PLANNED_PLAIN``, and its
+        parameters) and its ledger entry's parameters (``_INSERT_EVENT``)."""
+        transition = planned.transition
+        new = transition.snapshot
+        row = planned.row  # _COLUMNS order: the task id, then the columns compared
+        retry_at = new.available_at
+        head = (
+            snapshot_record_version(new),
+            planned.record,
+            new.revision,
+            new.task.status.value,
+        )
+        if retry_at is None and _is_plain(row):
+            update = (True, (*head, *_plain_row(row), event.id))
+        else:
+            update = (False, (*head, retry_at, *row, event.id))
+        entry = (
+            row[0],
+            event.id,
+            event_text,
+            event.kind.value,
+            new.revision,
+            transition.committed_at,
+            planned.effects,
+        )
+        return update, entry
 
     def _apply(
         self,

@@ -41,3 +41,26 @@ class TestSqliteStoreContract(StoreContract):
 
     def retryable(self, exc: BaseException) -> bool:
         return isinstance(exc, DatabaseBusy)
+
+
+class TestSqliteStoreWriterContract(TestSqliteStoreContract):
+    """The same contract with the writer process in the path (as ``tritask serve`` runs it):
+    creations and planned settles committed by the child, everything else on the store's
+    connection, both on one file."""
+
+    async def make_store(
+        self,
+        *,
+        scope: Scope,
+        clock: ManualClock,
+        max_tasks: int | None,
+        max_active_tasks_per_scope: int | None,
+    ) -> Store:
+        return SqliteStore(
+            self._dir / f"store-{next(self._names)}.db",
+            scope=scope,
+            clock=clock,
+            max_tasks=max_tasks,
+            max_active_tasks_per_scope=max_active_tasks_per_scope,
+            writer_process=True,
+        )

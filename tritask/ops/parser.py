@@ -39,7 +39,8 @@ __all__ = ["add_operator_commands", "open_operator_store", "parse_duration_ms", 
 _OPERATOR_OPTIONS: dict[str, dict[str, Any]] = {
     # Share the file, never take it over: an exclusive opener would advance the boot epoch
     # and so fence the claims of a server that is still running. Never create a new store.
-    "sqlite": {"exclusive": False, "create": False},
+    # A one-shot command needs no writer process (it is for a serving store's hot writes).
+    "sqlite": {"exclusive": False, "create": False, "writer_process": False},
     "postgresql": {"pool_size": 2},
     "postgres": {"pool_size": 2},
 }
