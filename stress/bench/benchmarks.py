@@ -481,6 +481,8 @@ async def _drive_tasks(params: TasksParams, servers: list[ServerProcess]) -> dic
     finished = time.perf_counter()
     client_cpu = time.process_time() - client_cpu
     server_cpu = sum(n["cpuSeconds"] - b["cpuSeconds"] for n, b in zip(now, before, strict=True))
+    writer = _writer_figures(before, now)
+    server_cpu += writer["writer_cpu"]
     thread_cpu, thread_busy = _thread_figures(before, now)
     writes = sum(n["writes"] - b["writes"] for n, b in zip(now, before, strict=True))
     calls: dict[str, int] = {}
@@ -501,12 +503,30 @@ async def _drive_tasks(params: TasksParams, servers: list[ServerProcess]) -> dic
         **_task_figures(done, len(created), stops, (started, created_at, finished), latencies),
         **_store_figures(done, writes, calls),
         "serverCpuMsPerTask": _per_task_ms(server_cpu, done),
+        "writerCpuMsPerTask": (
+            None if writer["written"] is None else _per_task_ms(writer["writer_cpu"], done)
+        ),
+        "writerWritten": writer["written"],
+        "writerUndecided": writer["undecided"],
         "serverThreadCpuMsPerTask": None if thread_cpu is None else _per_task_ms(thread_cpu, done),
         "serverThreadBusy": thread_busy,
         "loadGeneratorCpuMsPerTask": _per_task_ms(client_cpu, done),
         "sampleStatuses": sorted(set(statuses)),
         "failures": failures,
     }
+
+
+def _writer_figures(before: list[dict[str, Any]], now: list[dict[str, Any]]) -> dict[str, Any]:
+    """The SQLite writer processes' CPU seconds and items written and left undecided between
+    two readings (``None`` counts: no server has one)."""
+    figures: dict[str, Any] = {"writer_cpu": 0.0, "written": None, "undecided": None}
+    for n, b in zip(now, before, strict=True):
+        if n.get("writerCpuSeconds") is None or b.get("writerCpuSeconds") is None:
+            continue
+        figures["writer_cpu"] += n["writerCpuSeconds"] - b["writerCpuSeconds"]
+        for key, name in (("written", "writerWritten"), ("undecided", "writerUndecided")):
+            figures[key] = (figures[key] or 0) + n[name] - b[name]
+    return figures
 
 
 def _thread_figures(

@@ -297,9 +297,26 @@ def tasks_app(
             "rssKiB": _current_rss_kib(),
             "peakRssKiB": _peak_rss_kib(),
             "jobs": len(tasks.runner.active_task_ids()) if tasks.runner is not None else 0,
+            **_writer_stats(store),
         }
 
     return TasksApp(app, store, sink)
+
+
+def _writer_stats(store: Any) -> dict[str, Any]:
+    """The SQLite store's writer process (``tritask_sqlite``): its CPU, part of the server's
+    (another process, so ``cpuSeconds`` does not count it), and what it wrote."""
+    writer = getattr(store, "writer", None)
+    if writer is None or writer.pid is None:
+        return {}
+    from stress.bench.benchmarks import process_cpu_seconds
+
+    return {
+        "writerCpuSeconds": process_cpu_seconds(writer.pid),
+        "writerWritten": writer.written,
+        "writerUndecided": writer.undecided,
+        "writerBatches": writer.batches,
+    }
 
 
 async def tasks_server(args: argparse.Namespace) -> None:
