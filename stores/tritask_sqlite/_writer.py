@@ -9,7 +9,9 @@ wait. The lane's thread waited for the GIL most of each batch, and the trio thre
 for the lane (idle 21-36% of the time in ``bench tasks``). A child process has its own GIL:
 the trio thread prepares each write's statements (the records are encoded, the clock read, as
 for the lane), sends a batch over a socket and goes on serving while the child runs it and
-commits; two batches may be in flight.
+commits. One batch is in flight at a time, the next gathering meanwhile (two in flight
+measured no more tasks/s in ``bench tasks`` and cost the trio thread 4-9% more CPU per task:
+smaller batches, more wake-ups).
 
 What the child does is deliberately little (:mod:`._writer_child`): it runs the statements it is
 given, checks what it is told to check and commits. An item it could not write (a check that
@@ -48,8 +50,8 @@ log = logging.getLogger("tritask_sqlite")
 
 #: Items at most in one batch.
 DEFAULT_MAX_BATCH: Final = 64
-#: Batches sent and not yet answered.
-DEFAULT_MAX_INFLIGHT: Final = 2
+#: Batches sent and not yet answered (see the module's docstring).
+DEFAULT_MAX_INFLIGHT: Final = 1
 #: Seconds the child may take to start and open the database.
 START_TIMEOUT: Final = 30.0
 #: Seconds the child may take to exit once its socket is closed, before it is killed.
