@@ -102,6 +102,8 @@ def idle_app(
             "cpuSeconds": time.process_time(),
             "gcSeconds": collecting.seconds,
             "gcCollections": collecting.collections,
+            # The SQLite store's writer process: its CPU is the server's too.
+            "writerPid": getattr(getattr(store, "writer", None), "pid", None),
         }
 
     return IdleApp(app, store, tasks)
@@ -274,11 +276,14 @@ async def _idle_run(
                 await trio.sleep(0.25)
         await trio.sleep(params.settle_seconds)
         before = await _stats(server.port)
+        writer_pid = before.get("writerPid")
+        writer_before = None if writer_pid is None else process_cpu_seconds(writer_pid)
         cpu_before = process_cpu_seconds(pid)
         io_before = _proc_io(pid)
         window_start = time.perf_counter()
         await trio.sleep(params.seconds)
         cpu_after = process_cpu_seconds(pid)
+        writer_after = None if writer_pid is None else process_cpu_seconds(writer_pid)
         io_after = _proc_io(pid)
         window = time.perf_counter() - window_start
         after = await _stats(server.port)
@@ -294,6 +299,8 @@ async def _idle_run(
     cpu = None
     if cpu_before is not None and cpu_after is not None:
         cpu = cpu_after - cpu_before
+        if writer_before is not None and writer_after is not None:
+            cpu += writer_after - writer_before
     calls = {
         name: value - before["calls"].get(name, 0)
         for name, value in after["calls"].items()

@@ -313,6 +313,7 @@ def _writer_stats(store: Any) -> dict[str, Any]:
 
     return {
         "writerCpuSeconds": process_cpu_seconds(writer.pid),
+        "writerRssKiB": _rss_kib_of(writer.pid),
         "writerWritten": writer.written,
         "writerUndecided": writer.undecided,
         "writerBatches": writer.batches,
@@ -405,6 +406,14 @@ async def listen_server(args: argparse.Namespace) -> None:
 
 def _peak_rss_kib() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+
+
+def _rss_kib_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _current_rss_kib() -> int:
