@@ -11,7 +11,9 @@ the trio thread prepares each write's statements (the records are encoded, the c
 for the lane), sends a batch over a socket and goes on serving while the child runs it and
 commits. One batch is in flight at a time, the next gathering meanwhile (two in flight
 measured no more tasks/s in ``bench tasks`` and cost the trio thread 4-9% more CPU per task:
-smaller batches, more wake-ups).
+smaller batches, more wake-ups). The socket is driven like the PostgreSQL store's: the system
+call first, ``wait_readable``/``wait_writable`` only when it would block, so a batch costs no
+extra pass of trio's scheduler.
 
 What the child does is deliberately little (:mod:`._writer_child`): it runs the statements it is
 given, checks what it is told to check and commits. An item it could not write (a check that
@@ -50,8 +52,6 @@ log = logging.getLogger("tritask_sqlite")
 
 #: Items at most in one batch.
 DEFAULT_MAX_BATCH: Final = 64
-#: Batches sent and not yet answered (see the module's docstring).
-DEFAULT_MAX_INFLIGHT: Final = 1
 #: Seconds the child may take to start and open the database.
 START_TIMEOUT: Final = 30.0
 #: Seconds the child may take to exit once its socket is closed, before it is killed.
@@ -100,22 +100,19 @@ class WriterProcess:
         statements: Sequence[str],
         clock: Callable[[], int] | None = None,
         max_batch: int = DEFAULT_MAX_BATCH,
-        max_inflight: int = DEFAULT_MAX_INFLIGHT,
     ) -> None:
-        if max_batch < 1 or max_inflight < 1:
-            raise ValueError("max_batch and max_inflight must be >= 1")
+        if max_batch < 1:
+            raise ValueError("max_batch must be >= 1")
         self._hello = (path, busy_timeout_ms, synchronous, list(statements))
         self._clock = clock
         self._max_batch = max_batch
-        self._max_inflight = max_inflight
         self._process: trio.Process | None = None
-        self._sock: trio.socket.SocketType | None = None
+        self._sock: socket.socket | None = None  # non-blocking
+        self._received = bytearray()
         self._queue: collections.deque[_Item] = collections.deque()
-        self._pumps = 0
+        self._pumping = False
         self._idle = trio.Event()
         self._idle.set()
-        self._send_lock = trio.Lock()
-        self._recv_lock = trio.Lock()
         self._closing = False
         self.broken: str | None = None
         """Why the writer stopped being used (``None`` while it is)."""
@@ -149,7 +146,8 @@ class WriterProcess:
         except OSError as exc:
             parent.close()
             raise WriterUnavailable(f"cannot start the writer process: {exc}") from exc
-        self._sock = trio.socket.from_stdlib_socket(parent)
+        parent.setblocking(False)
+        self._sock = parent
         try:
             with trio.fail_after(START_TIMEOUT):
                 await self._send_frame(self._hello)
@@ -181,10 +179,9 @@ class WriterProcess:
             return False
         item = _Item((deadline_us, steps), committed)
         self._queue.append(item)
-        if self._pumps < self._max_inflight:
-            if self._pumps == 0:
-                self._idle = trio.Event()
-            self._pumps += 1
+        if not self._pumping:
+            self._pumping = True
+            self._idle = trio.Event()
             trio.lowlevel.spawn_system_task(self._pump, name="tritask_sqlite writer batch")
         try:
             await item.wake.wait()
@@ -209,7 +206,7 @@ class WriterProcess:
                 await self._idle.wait()
             await self._stop()
 
-    # -- the batches: trio system tasks (a batch belongs to every caller in it) -----------------
+    # -- the batches: a trio system task (a batch belongs to every caller in it) ----------------
 
     async def _pump(self) -> None:
         try:
@@ -221,9 +218,8 @@ class WriterProcess:
                     batch.append(item)
                 await self._exchange(batch)
         finally:
-            self._pumps -= 1
-            if self._pumps == 0:
-                self._idle.set()
+            self._pumping = False
+            self._idle.set()
 
     async def _exchange(self, batch: list[_Item]) -> None:
         committed, decided = False, b""
@@ -232,8 +228,15 @@ class WriterProcess:
                 committed, decided = await self._round_trip([item.payload for item in batch])
             except Exception as exc:  # anything: the items fall back to the store's connection
                 self._break(f"{type(exc).__name__}: {exc}")
+            except BaseException:  # the run is ending: nobody may wait for this batch forever
+                self._break("cancelled")
+                self._decide(batch, False, b"")
+                raise
             else:
                 self.batches += 1
+        self._decide(batch, committed, decided)
+
+    def _decide(self, batch: list[_Item], committed: bool, decided: bytes) -> None:
         for position, item in enumerate(batch):
             item.written = committed and decided[position] == 1
             if item.written:
@@ -249,18 +252,11 @@ class WriterProcess:
     async def _round_trip(
         self, payloads: list[tuple[int | None, Sequence[Step]]]
     ) -> tuple[bool, bytes]:
-        # Answers come in the order the batches were sent: the receive lock is queued for
-        # (trio's locks are fair) before the send lock is let go.
         # An injected clock (tests) is read here, as the batch leaves; else the child reads the
         # host's in the batch's transaction.
         now = None if self._clock is None else self._clock()
-        async with self._send_lock:
-            await self._send_frame((now, payloads))
-            await self._recv_lock.acquire()
-        try:
-            reply = await self._recv_frame(_MAX_REPLY)
-        finally:
-            self._recv_lock.release()
+        await self._send_frame((now, payloads))
+        reply = await self._recv_frame(_MAX_REPLY)
         if not (
             isinstance(reply, tuple)
             and len(reply) == 2
@@ -283,39 +279,54 @@ class WriterProcess:
             self.undecided += 1
             item.state = "done"
             item.wake.set()
-        if self._sock is not None:
-            self._sock.close()
+        self._close_socket()
 
     # -- the socket ------------------------------------------------------------------------------
 
+    def _close_socket(self) -> None:
+        sock = self._sock
+        if sock is not None and sock.fileno() != -1:
+            trio.lowlevel.notify_closing(sock)  # a task waiting on it gets ClosedResourceError
+            sock.close()
+
     async def _send_frame(self, value: Any) -> None:
-        assert self._sock is not None
+        sock = self._sock
+        assert sock is not None
         payload = marshal.dumps(value)
         view = memoryview(_HEADER.pack(len(payload)) + payload)
         while view:
-            sent = await self._sock.send(view)
+            try:
+                sent = sock.send(view)
+            except BlockingIOError:
+                await trio.lowlevel.wait_writable(sock)
+                continue
             view = view[sent:]
 
-    async def _recv_exactly(self, size: int) -> bytes:
-        assert self._sock is not None
-        chunks = []
-        while size:
-            chunk = await self._sock.recv(min(size, 1 << 20))
+    async def _recv_frame(self, limit: int) -> Any:
+        sock = self._sock
+        assert sock is not None
+        received = self._received
+        while True:
+            if len(received) >= _HEADER.size:
+                (size,) = _HEADER.unpack_from(received)
+                if size > limit:
+                    raise ValueError(f"the writer process sent a frame of {size} bytes")
+                end = _HEADER.size + size
+                if len(received) >= end:
+                    frame = bytes(received[_HEADER.size : end])
+                    del received[:end]
+                    return marshal.loads(frame)
+            try:
+                chunk = sock.recv(1 << 16)
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(sock)
+                continue
             if not chunk:
                 raise EOFError("the writer process closed its socket")
-            chunks.append(chunk)
-            size -= len(chunk)
-        return b"".join(chunks)
-
-    async def _recv_frame(self, limit: int) -> Any:
-        (size,) = _HEADER.unpack(await self._recv_exactly(_HEADER.size))
-        if size > limit:
-            raise ValueError(f"the writer process sent a frame of {size} bytes")
-        return marshal.loads(await self._recv_exactly(size))
+            received += chunk
 
     async def _stop(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
+        self._close_socket()
         process = self._process
         if process is None:
             return

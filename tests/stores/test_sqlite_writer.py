@@ -318,7 +318,6 @@ async def test_a_cancelled_caller_withdraws_a_queued_item_and_waits_for_a_sent_o
         busy_timeout_ms=5000,
         synchronous="FULL",
         statements=["INSERT INTO t (n) VALUES (?)"],
-        max_inflight=1,
     )
     await writer.start()
     try:
