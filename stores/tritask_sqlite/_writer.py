@@ -143,7 +143,7 @@ class WriterProcess:
                 )
             finally:
                 child.close()
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # no such executable, no pass_fds
             parent.close()
             raise WriterUnavailable(f"cannot start the writer process: {exc}") from exc
         parent.setblocking(False)

@@ -644,8 +644,8 @@ class SqliteStore:
     ``create=False``, excludes ``exclusive``), ``writer_process`` (commit the hot writes,
     creating a claimed task and settling one, through a child process with a connection and a
     GIL of its own: see :mod:`tritask_sqlite._writer`; the ``sqlite:`` URL form turns it on.
-    Not read-only; a writer that cannot start is logged and the store writes on its own
-    connection).
+    Not read-only, nor on Windows; a writer that cannot start is logged and the store
+    writes on its own connection).
     """
 
     def __init__(
@@ -667,7 +667,8 @@ class SqliteStore:
         self._path = _database_path(path)
         if not isinstance(writer_process, bool):
             raise TypeError("writer_process must be a bool")
-        self._writer_wanted = writer_process and not read_only
+        # POSIX only: the child gets its socket through ``pass_fds``.
+        self._writer_wanted = writer_process and not read_only and sys.platform != "win32"
         self._writer: WriterProcess | None = None
         if not isinstance(create, bool):
             raise TypeError("create must be a bool")

@@ -368,3 +368,19 @@ async def test_a_writer_that_cannot_open_the_database_is_not_used(
     with pytest.raises(_writer.WriterUnavailable, match="not in WAL mode"):
         await writer.start()
     assert writer._process is not None and writer._process.returncode == 1
+
+
+async def test_a_store_whose_writer_cannot_start_writes_on_its_own_connection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-such-python"))
+    async with SqliteStore(tmp_path / "tasks.db", scope=by_tenant, writer_process=True) as store:
+        assert store.writer is None
+        claimed = await created_claimed(store, "task-1")
+        done = Event.completed(DONE, id="done-1")
+        result = await store.settle("task-1", 0, done, claimed.lease)
+        assert isinstance(result, Transition) and result.outcome == "applied"
+    assert any(
+        "cannot start the writer process" in record.getMessage() and record.levelname == "WARNING"
+        for record in caplog.records
+    )
