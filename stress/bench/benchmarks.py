@@ -510,10 +510,22 @@ async def _drive_tasks(params: TasksParams, servers: list[ServerProcess]) -> dic
         "writerUndecided": writer["undecided"],
         "serverThreadCpuMsPerTask": None if thread_cpu is None else _per_task_ms(thread_cpu, done),
         "serverThreadBusy": thread_busy,
+        "serverGcMsPerTask": _gc_ms_per_task(before, now, done),
         "loadGeneratorCpuMsPerTask": _per_task_ms(client_cpu, done),
         "sampleStatuses": sorted(set(statuses)),
         "failures": failures,
     }
+
+
+def _gc_ms_per_task(
+    before: list[dict[str, Any]], now: list[dict[str, Any]], done: int
+) -> float | None:
+    """The servers' cyclic-collector time per task (``None`` when a server does not report it:
+    another checkout's, the peer)."""
+    if any("gcSeconds" not in stats for stats in (*before, *now)):
+        return None
+    seconds = sum(n["gcSeconds"] - b["gcSeconds"] for n, b in zip(now, before, strict=True))
+    return _per_task_ms(seconds, done)
 
 
 def _writer_figures(before: list[dict[str, Any]], now: list[dict[str, Any]]) -> dict[str, Any]:

@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import resource
@@ -253,6 +254,7 @@ class TasksApp:
 def tasks_app(
     store_url: str, options: Mapping[str, Any], max_jobs: int, executor: Any = None
 ) -> TasksApp:
+    from stress.bench.idle import _GcClock
     from stress.common import open_stress_store
     from stress.wrappers import CountingStore
     from tritask.server.app import App
@@ -261,6 +263,8 @@ def tasks_app(
     store = CountingStore(
         open_stress_store(store_url, mock_clock=False, store_limits=True, **options)
     )
+    collecting = _GcClock()
+    gc.callbacks.append(collecting)
     sink = _CountingSink()
     tasks = Tasks(
         store=store,
@@ -294,6 +298,8 @@ def tasks_app(
             # (the process time above also counts the SQLite lane's worker thread).
             "threadCpuSeconds": time.thread_time(),
             "monotonicSeconds": time.monotonic(),
+            # The cyclic collector's wall time (in the trio thread: it runs where it allocates).
+            "gcSeconds": collecting.seconds,
             "rssKiB": _current_rss_kib(),
             "peakRssKiB": _peak_rss_kib(),
             "jobs": len(tasks.runner.active_task_ids()) if tasks.runner is not None else 0,
