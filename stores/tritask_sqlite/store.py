@@ -1137,8 +1137,8 @@ class SqliteStore:
         self, task: Task, work: Work, access: Access, owner_id: str, lease_ms: int, *, stamp: bool
     ) -> Claimed:
         claim = (check_owner(owner_id), check_positive_ms(lease_ms, "lease_ms"))
-        insert = self._inserter(task, work, access, stamp=stamp, claim=claim)
-        created_at, lease, row = await self._insert(insert)
+        insert, now = self._creation(task, work, access, stamp=stamp, claim=claim)
+        created_at, lease, row = await self._insert(insert, now)
         assert lease is not None
         snapshot = insert.snapshot(created_at, True)
         self._remember(_Recent(row, clone_snapshot(snapshot), lease))
@@ -1158,10 +1158,10 @@ class SqliteStore:
         queued (see :class:`~tritask.tasks.store.Queues`), in one transaction."""
         owner, lease_ms, concurrency = check_submit(owner_id, lease_ms, concurrency)
         claim = None if owner is None else (owner, lease_ms)
-        insert = self._inserter(
+        insert, now = self._creation(
             task, work, access, stamp=True, claim=claim, queue=True, concurrency=concurrency
         )
-        created_at, lease, row = await self._insert(insert)
+        created_at, lease, row = await self._insert(insert, now)
         snapshot = insert.snapshot(created_at, lease is not None)
         if lease is None:
             self._signal()
@@ -1169,12 +1169,54 @@ class SqliteStore:
         self._remember(_Recent(row, clone_snapshot(snapshot), lease))
         return Claimed(snapshot, lease)
 
-    async def _insert(self, insert: _Insert) -> tuple[int, Lease | None, tuple[object, ...]]:
-        """The creation, through the writer process when it can write it (see :mod:`._writer`),
-        else (or when it left it undecided) in the lane's transaction."""
+    def _creation(
+        self,
+        task: Task,
+        work: Work,
+        access: Access,
+        *,
+        stamp: bool,
+        claim: tuple[str, int] | None,
+        queue: bool = False,
+        concurrency: Concurrency | None = None,
+    ) -> tuple[_Insert, int | None]:
+        """The insertion and, for one the writer process will write, the clock reading it is
+        written at. That one is stamped first, as the memory store does: its record is then
+        encoded once, with its instants, instead of cut around them for the transaction to
+        fill in, and its snapshot needs no stamping afterwards (the writer's clock reading
+        is taken in this thread either way)."""
+        writer = self._writer
+        if not (
+            stamp
+            and claim is not None
+            and concurrency is None
+            and writer
+            and writer.usable
+            and isinstance(task, Task)
+            and task.created_at == task.last_updated_at  # else refused by the inserter
+        ):
+            insert = self._inserter(
+                task, work, access, stamp=stamp, claim=claim, queue=queue, concurrency=concurrency
+            )
+            return insert, None
+        now = self._read_clock()
+        if not 0 <= now <= MAX_INSTANT:
+            raise InvalidTask("the store clock is outside the instants a task can hold")
+        try:
+            stamped = revise(task, created_at=now, last_updated_at=now)
+        except (TypeError, ValueError) as exc:  # e.g. the TTL now ends past the last instant
+            raise InvalidTask(str(exc)) from exc
+        return self._inserter(stamped, work, access, claim=claim, queue=queue), now
+
+    async def _insert(
+        self, insert: _Insert, now: int | None = None
+    ) -> tuple[int, Lease | None, tuple[object, ...]]:
+        """The creation, through the writer process when it can write it (see :mod:`._writer`;
+        at ``now`` when given), else (or when it left it undecided) in the lane's
+        transaction."""
         writer = self._writer
         if insert.written is not None and writer is not None and writer.usable:
-            created, steps = insert.written(self._read_clock())
+            created, steps = insert.written(self._read_clock() if now is None else now)
             self._writes += 1
             if await writer.run(steps):
                 return created
@@ -1279,10 +1321,11 @@ class SqliteStore:
         token = _uuid4_text(self._tokens.getrandbits(128))
         key = None if concurrency is None else concurrency.key
         limit = None if concurrency is None else concurrency.limit
-        start_message = _record_text(task.status_message)
+        start_message = None
         queued_snapshot: Snapshot | None = None
         queued_document: JSONObject | None = None
         if queue and (claim is None or concurrency is not None):  # it may be queued
+            start_message = _record_text(task.status_message)
             queued_snapshot = revise(
                 snapshot, task=revise(snapshot.task, status_message=QUEUED_MESSAGE)
             )
