@@ -47,7 +47,24 @@ _NAIVE_EPOCH = _dt.datetime(1970, 1, 1)
 
 
 def format_instant(us: int) -> str:
-    """ISO-8601 UTC text: millisecond form when ``us`` is whole milliseconds, else 6 digits."""
+    """ISO-8601 UTC text: millisecond form when ``us`` is whole milliseconds, else 6 digits.
+
+    Cached for plain ints: a pure function, and a durable store formats the same few instants
+    several times per task (a new task's ``createdAt`` and ``lastUpdatedAt``, then its
+    ``createdAt`` again in every later record). Anything else (a ``bool``, which would share
+    ``1``'s cache entry, an ``int`` subclass, another type) is checked and formatted uncached.
+    """
+    if type(us) is int:
+        return _cached_instant(us)
+    return _format_instant(us)
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_instant(us: int) -> str:
+    return _format_instant(us)  # an out-of-range instant raises: nothing is cached for it
+
+
+def _format_instant(us: int) -> str:
     _check_instant(us)
     seconds, micros = divmod(us, 1_000_000)
     if micros % 1000 == 0:
