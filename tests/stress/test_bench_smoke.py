@@ -120,6 +120,14 @@ def test_bench_tasks_sqlite_smoke() -> None:
         figures = result[side]
         assert 0 < figures["serverThreadCpuMsPerTask"] <= figures["serverCpuMsPerTask"]
         assert 0 < figures["serverThreadBusy"] <= 1
+        assert figures["serverGcMsPerTask"] >= 0
+    # The writer process (the sqlite: URL form's default) wrote every creation and settle of
+    # the median round, and its CPU is part of the server's.
+    writer = result["tritask"]
+    assert (writer["writerWritten"], writer["writerUndecided"]) == (40, 0)
+    assert 0 <= writer["writerCpuMsPerTask"] <= writer["serverCpuMsPerTask"]
+    assert result["memory"]["writerWritten"] is None
+    assert result["memory"]["writerCpuMsPerTask"] is None
     assert isinstance(result["ratio"], float)
     assert isinstance(result["target_met"], bool)
 
@@ -323,3 +331,19 @@ def test_httploop_smoke(mode: str) -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"20 requests ({mode}): " in done.stderr
+
+
+@pytest.mark.skipif(not HAS_SQLITE, reason="the SQLite store is not installed")
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "writer"])
+def test_storeloop_smoke(kind: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "stress.bench.storeloop", "40", kind],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"{kind}: " in done.stderr and " of CPU per task" in done.stderr
+    if kind == "writer":
+        assert "writer wrote 80 and left 0 undecided" in done.stderr
