@@ -511,6 +511,7 @@ async def _drive_tasks(params: TasksParams, servers: list[ServerProcess]) -> dic
         "serverThreadCpuMsPerTask": None if thread_cpu is None else _per_task_ms(thread_cpu, done),
         "serverThreadBusy": thread_busy,
         "serverGcMsPerTask": _gc_ms_per_task(before, now, done),
+        "serverThreadSystemMsPerTask": _thread_system_ms_per_task(before, now, done),
         "loadGeneratorCpuMsPerTask": _per_task_ms(client_cpu, done),
         "sampleStatuses": sorted(set(statuses)),
         "failures": failures,
@@ -525,6 +526,20 @@ def _gc_ms_per_task(
     if any("gcSeconds" not in stats for stats in (*before, *now)):
         return None
     seconds = sum(n["gcSeconds"] - b["gcSeconds"] for n, b in zip(now, before, strict=True))
+    return _per_task_ms(seconds, done)
+
+
+def _thread_system_ms_per_task(
+    before: list[dict[str, Any]], now: list[dict[str, Any]], done: int
+) -> float | None:
+    """The kernel's share of the servers' event-loop threads' CPU per task (``None`` when a
+    server does not report it)."""
+    if any("threadSystemSeconds" not in stats for stats in (*before, *now)):
+        return None
+    seconds = sum(
+        n["threadSystemSeconds"] - b["threadSystemSeconds"]
+        for n, b in zip(now, before, strict=True)
+    )
     return _per_task_ms(seconds, done)
 
 

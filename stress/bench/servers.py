@@ -297,6 +297,8 @@ def tasks_app(
             # This tool runs in the trio thread: its CPU time alone, the server's critical path
             # (the process time above also counts the SQLite lane's worker thread).
             "threadCpuSeconds": time.thread_time(),
+            # Of which in the kernel (system calls: sockets, epoll, the WAL's writes).
+            "threadSystemSeconds": resource.getrusage(resource.RUSAGE_THREAD).ru_stime,
             "monotonicSeconds": time.monotonic(),
             # The cyclic collector's wall time (in the trio thread: it runs where it allocates).
             "gcSeconds": collecting.seconds,

@@ -121,6 +121,7 @@ def test_bench_tasks_sqlite_smoke() -> None:
         assert 0 < figures["serverThreadCpuMsPerTask"] <= figures["serverCpuMsPerTask"]
         assert 0 < figures["serverThreadBusy"] <= 1
         assert figures["serverGcMsPerTask"] >= 0
+        assert 0 <= figures["serverThreadSystemMsPerTask"] <= figures["serverThreadCpuMsPerTask"]
     # The writer process (the sqlite: URL form's default) wrote every creation and settle of
     # the median round, and its CPU is part of the server's.
     writer = result["tritask"]
