@@ -38,7 +38,6 @@ import logging
 import marshal
 import os
 import socket
-import struct
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -46,7 +45,9 @@ from typing import Any, Final, Literal
 
 import trio
 
-__all__ = ["Step", "WriterProcess", "WriterUnavailable"]
+from tritask_sqlite._writer_child import HEADER, Step
+
+__all__ = ["WriterProcess", "WriterUnavailable"]
 
 log = logging.getLogger("tritask_sqlite")
 
@@ -58,16 +59,9 @@ START_TIMEOUT: Final = 30.0
 EXIT_TIMEOUT: Final = 5.0
 CHILD: Final = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_writer_child.py")
 
-CHECK_NONE: Final = 0
-CHECK_ONE_ROW: Final = 1
-CHECK_TRUE: Final = 2
-
-_HEADER: Final = struct.Struct("!I")
 #: The largest answer the child sends: a flag and one byte per item of a batch.
 _MAX_REPLY: Final = 1 << 16
 
-#: One statement of an item: (index of the statement, its parameters, its check).
-Step = tuple[int, tuple[object, ...], int]
 _State = Literal["queued", "sent", "done"]
 
 
@@ -293,7 +287,7 @@ class WriterProcess:
         sock = self._sock
         assert sock is not None
         payload = marshal.dumps(value)
-        view = memoryview(_HEADER.pack(len(payload)) + payload)
+        view = memoryview(HEADER.pack(len(payload)) + payload)
         while view:
             try:
                 sent = sock.send(view)
@@ -307,13 +301,13 @@ class WriterProcess:
         assert sock is not None
         received = self._received
         while True:
-            if len(received) >= _HEADER.size:
-                (size,) = _HEADER.unpack_from(received)
+            if len(received) >= HEADER.size:
+                (size,) = HEADER.unpack_from(received)
                 if size > limit:
                     raise ValueError(f"the writer process sent a frame of {size} bytes")
-                end = _HEADER.size + size
+                end = HEADER.size + size
                 if len(received) >= end:
-                    frame = bytes(received[_HEADER.size : end])
+                    frame = bytes(received[HEADER.size : end])
                     del received[:end]
                     return marshal.loads(frame)
             try:

@@ -38,10 +38,13 @@ import sys
 import time
 from typing import Any
 
-_HEADER = struct.Struct("!I")
+#: The frame header on both ends (the store's side imports these from this module).
+HEADER = struct.Struct("!I")
 CHECK_NONE = 0
 CHECK_ONE_ROW = 1
 CHECK_TRUE = 2
+#: One statement of an item: (index of the statement, its parameters, its check).
+Step = tuple[int, tuple[object, ...], int]
 
 
 class _Undecided(Exception):
@@ -60,10 +63,10 @@ def _recv_exactly(sock: socket.socket, size: int) -> bytes | None:
 
 
 def _recv_frame(sock: socket.socket) -> Any:
-    header = _recv_exactly(sock, _HEADER.size)
+    header = _recv_exactly(sock, HEADER.size)
     if header is None:
         return None
-    payload = _recv_exactly(sock, _HEADER.unpack(header)[0])
+    payload = _recv_exactly(sock, HEADER.unpack(header)[0])
     if payload is None:
         return None
     return marshal.loads(payload)
@@ -71,15 +74,15 @@ def _recv_frame(sock: socket.socket) -> Any:
 
 def _send_frame(sock: socket.socket, value: Any) -> None:
     payload = marshal.dumps(value)
-    sock.sendall(_HEADER.pack(len(payload)) + payload)
+    sock.sendall(HEADER.pack(len(payload)) + payload)
 
 
-def _now_us() -> int:
-    """The store's host clock (``_host_clock`` in the store): µs at millisecond resolution."""
+def now_us() -> int:
+    """The host's real-time clock in µs at millisecond resolution: exactly what SQLite's own
+    ``'now'`` reads on POSIX (``gettimeofday``, truncated to the millisecond), without a
+    statement per transaction. The store's clock too (it imports this), so a deadline the
+    store computed is compared here with the same clock."""
     return time.time_ns() // 1_000_000 * 1000
-
-
-Step = tuple[int, tuple[object, ...], int]
 
 
 def _run_item(conn: sqlite3.Connection, statements: list[str], steps: list[Step]) -> None:
@@ -109,7 +112,7 @@ def run_batch(
         return False, bytes(decided)
     try:
         if now is None:
-            now = _now_us()
+            now = now_us()
         for position, (deadline, steps) in enumerate(batch):
             if deadline is not None and now >= deadline:
                 continue

@@ -164,14 +164,9 @@ from tritask.tasks.store import (
 from tritask.tasks.work import JSONObject, Work, canonical_json, stored_text
 from tritask_sqlite import schema
 from tritask_sqlite._lane import Lane, savepoint
-from tritask_sqlite._writer import (
-    CHECK_NONE,
-    CHECK_ONE_ROW,
-    CHECK_TRUE,
-    Step,
-    WriterProcess,
-    WriterUnavailable,
-)
+from tritask_sqlite._writer import WriterProcess, WriterUnavailable
+from tritask_sqlite._writer_child import CHECK_NONE, CHECK_ONE_ROW, CHECK_TRUE, Step
+from tritask_sqlite._writer_child import now_us as _host_clock
 
 __all__ = ["AuditFinding", "AuditPage", "LedgerEntry", "SqliteStore", "StoreLocked"]
 
@@ -550,13 +545,6 @@ def _uuid4_text(bits: int) -> str:
     more than the formatting, once per new task)."""
     text = f"{bits & _UUID4_CLEAR | _UUID4_SET:032x}"
     return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
-
-
-def _host_clock() -> int:
-    """The host's real-time clock in µs at millisecond resolution: exactly what SQLite's own
-    ``'now'`` reads on POSIX (``gettimeofday``, truncated to the millisecond), without a
-    statement per transaction."""
-    return time.time_ns() // 1_000_000 * 1000
 
 
 def _instant(now: object) -> int:

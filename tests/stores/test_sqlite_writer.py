@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from tritask_sqlite import SqliteStore, _writer, open_store
+from tritask_sqlite import SqliteStore, _writer, _writer_child, open_store
 
 from tritask.tasks.events import Event
 from tritask.tasks.model import Snapshot, TaskStatus, new_task
@@ -327,7 +327,7 @@ async def test_a_cancelled_caller_withdraws_a_queued_item_and_waits_for_a_sent_o
 
         async def write(n: int, scope: trio.CancelScope) -> None:
             with scope:
-                results[n] = await writer.run([(0, (n,), _writer.CHECK_NONE)])
+                results[n] = await writer.run([(0, (n,), _writer_child.CHECK_NONE)])
             if scope.cancelled_caught:
                 results.setdefault(n, "cancelled")
 
@@ -347,8 +347,8 @@ async def test_a_cancelled_caller_withdraws_a_queued_item_and_waits_for_a_sent_o
         with raw(path) as conn:
             assert conn.execute("SELECT n FROM t").fetchall() == [(1,)]
         # A failing statement leaves its item undecided and the batch goes on.
-        assert await writer.run([(0, (1,), _writer.CHECK_NONE)]) is False
-        assert await writer.run([(0, (3,), _writer.CHECK_ONE_ROW)]) is True
+        assert await writer.run([(0, (1,), _writer_child.CHECK_NONE)]) is False
+        assert await writer.run([(0, (3,), _writer_child.CHECK_ONE_ROW)]) is True
     finally:
         if writer.pid is not None:
             with contextlib.suppress(ProcessLookupError):
