@@ -337,19 +337,22 @@ _NEXT_CLAIMABLE = (
 #: every execution (an ``OpenEphemeral``, a b-tree created and filled: about a tenth of the
 #: creation's work in SQLite, measured with callgrind). The two active statuses are the only
 #: ones between ``'input_required'`` and ``'working'``, and the ``IN`` stays as the filter.
+_ID_TAKEN = "(SELECT 1 FROM tritask_tasks WHERE task_id = ?1)"
+_ALL_TASKS = "(SELECT count(*) FROM tritask_tasks)"
+_SCOPE_ACTIVE = (
+    f"(SELECT count(*) FROM tritask_tasks WHERE scope = ?4 AND {_ACTIVE}"
+    " AND status >= 'input_required' AND status <= 'working')"
+)
 _CAPACITY = (
-    "SELECT EXISTS (SELECT 1 FROM tritask_tasks WHERE task_id = ?1),"
-    " CASE WHEN ?2 THEN (SELECT count(*) FROM tritask_tasks) END,"
-    " CASE WHEN ?3 THEN (SELECT count(*) FROM tritask_tasks WHERE scope = ?4"
-    f" AND {_ACTIVE} AND status >= 'input_required' AND status <= 'working') END"
+    f"SELECT EXISTS {_ID_TAKEN}, CASE WHEN ?2 THEN {_ALL_TASKS} END,"
+    f" CASE WHEN ?3 THEN {_SCOPE_ACTIVE} END"
 )
 #: ``_CAPACITY``'s decision as one value for the writer process: ``1`` when the id is new and
 #: both limits (``NULL``: none) leave room (else the store decides the creation itself).
 _CAPACITY_ROOM = (
-    "SELECT NOT EXISTS (SELECT 1 FROM tritask_tasks WHERE task_id = ?1)"
-    " AND CASE WHEN ?2 IS NULL THEN 1 ELSE (SELECT count(*) FROM tritask_tasks) < ?2 END"
-    " AND CASE WHEN ?3 IS NULL THEN 1 ELSE (SELECT count(*) FROM tritask_tasks WHERE scope = ?4"
-    f" AND {_ACTIVE} AND status >= 'input_required' AND status <= 'working') < ?3 END"
+    f"SELECT NOT EXISTS {_ID_TAKEN}"
+    f" AND CASE WHEN ?2 IS NULL THEN 1 ELSE {_ALL_TASKS} < ?2 END"
+    f" AND CASE WHEN ?3 IS NULL THEN 1 ELSE {_SCOPE_ACTIVE} < ?3 END"
 )
 #: The statements the writer process runs (see :mod:`._writer`), by their index there.
 _WRITER_STATEMENTS: Final = (
@@ -545,6 +548,14 @@ def _uuid4_text(bits: int) -> str:
     more than the formatting, once per new task)."""
     text = f"{bits & _UUID4_CLEAR | _UUID4_SET:032x}"
     return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
+
+
+def _stamp(now: int) -> int:
+    """``now`` as a new task's creation instant (a clock reading outside the instants a task can
+    hold is refused)."""
+    if not 0 <= now <= MAX_INSTANT:
+        raise InvalidTask("the store clock is outside the instants a task can hold")
+    return now
 
 
 def _instant(now: object) -> int:
@@ -1187,9 +1198,7 @@ class SqliteStore:
                 task, work, access, stamp=stamp, claim=claim, queue=queue, concurrency=concurrency
             )
             return insert, None
-        now = self._read_clock()
-        if not 0 <= now <= MAX_INSTANT:
-            raise InvalidTask("the store clock is outside the instants a task can hold")
+        now = _stamp(self._read_clock())
         try:
             stamped = revise(task, created_at=now, last_updated_at=now)
         except (TypeError, ValueError) as exc:  # e.g. the TTL now ends past the last instant
@@ -1325,13 +1334,10 @@ class SqliteStore:
             None if queued_document is None else self._prepared(queued_document, stamp, token)
         )
 
-        def build(now: int, claimed: bool) -> tuple[int, Lease | None, tuple[object, ...]]:
+        def build(
+            now: int, created_at: int, claimed: bool
+        ) -> tuple[int, Lease | None, tuple[object, ...]]:
             """The creation instant, the claim and the row, at the clock reading ``now``."""
-            created_at = task.created_at
-            if stamp:
-                if not 0 <= now <= MAX_INSTANT:
-                    raise InvalidTask("the store clock is outside the instants a task can hold")
-                created_at = now
             lease = None
             if claimed:
                 assert claim is not None
@@ -1373,14 +1379,13 @@ class SqliteStore:
         def body(
             conn: sqlite3.Connection, now: int
         ) -> tuple[int, Lease | None, tuple[object, ...]]:
-            if stamp and not 0 <= now <= MAX_INSTANT:
-                raise InvalidTask("the store clock is outside the instants a task can hold")
+            created_at = _stamp(now) if stamp else task.created_at
             if limited:
                 self._check_capacity(conn, task.id, scope)
             claimed = claim is not None and (
                 not decide or (key is not None and self._key_has_room(conn, key, limit, now))
             )
-            created = build(now, claimed)
+            created = build(now, created_at, claimed)
             row = created[2]
             try:
                 if _is_plain(row):
@@ -1400,7 +1405,7 @@ class SqliteStore:
             def written(
                 now: int,
             ) -> tuple[tuple[int, Lease | None, tuple[object, ...]], list[Step]]:
-                created = build(now, True)
+                created = build(now, _stamp(now) if stamp else task.created_at, True)
                 row = created[2]
                 steps: list[Step] = [(_W_ROOM, room, CHECK_TRUE)] if limited else []
                 if _is_plain(row):
