@@ -7,7 +7,6 @@ work happens in real threads); tests of racing stores use the database clock.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
@@ -17,7 +16,6 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ import pytest
 import trio
 from hypothesis import example, given
 from hypothesis import strategies as st
+from sqlite_support import LEASE_MS, A, created_claimed, get, raw
 from tritask_sqlite import (
     SCHEMA_VERSION,
     LedgerEntry,
@@ -65,10 +64,8 @@ from tritask.testing.store_contract import START, ManualClock, StoreContract, by
 
 pytestmark = pytest.mark.contract("tasks-durable-store")
 
-A = tenant("tenant-a")
 ASK = {"method": "elicitation/create", "params": {"message": "Confirm"}}
 ERROR = {"code": -32000, "message": "transient"}
-LEASE_MS = 30_000
 create = StoreContract.create
 applied = StoreContract.applied
 
@@ -77,16 +74,6 @@ def sqlite_store(
     path: Path, clock: ManualClock | None = None, *, scope: Scope = by_tenant, **options: Any
 ) -> SqliteStore:
     return SqliteStore(path, scope=scope, clock=clock, **options)
-
-
-@contextlib.contextmanager
-def raw(path: str | Path) -> Iterator[sqlite3.Connection]:
-    """A plain connection for inspecting or tampering with the file behind the store's back."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        yield conn
-    finally:
-        conn.close()
 
 
 async def claimed(
@@ -99,12 +86,6 @@ async def claimed(
 
 async def request(store: SqliteStore, action: Action, task_id: str) -> RequestAuthority:
     return RequestAuthority(await store.authorize(A, action, task_id))
-
-
-async def get(store: SqliteStore, task_id: str) -> Snapshot:
-    snapshot = await store.get(task_id, await store.authorize(A, Action.GET, task_id))
-    assert isinstance(snapshot, Snapshot), snapshot
-    return snapshot
 
 
 async def busy_task(store: SqliteStore, task_id: str = "task-1") -> list[Transition]:
@@ -1118,16 +1099,6 @@ async def test_history_entries(tmp_path: Path) -> None:
 
 
 # -- the planned settle -----------------------------------------------------------------------
-
-
-async def created_claimed(
-    store: SqliteStore, task_id: str, work_input: dict[str, Any] | None = None
-) -> Claimed:
-    access = await store.authorize(A, Action.CREATE, task_id)
-    task = new_task(task_id, 0, 60_000, 5)
-    given = {"taskId": task_id, "n": [1, 2]} if work_input is None else work_input
-    work = Work(idempotency_key=task_id, type="contract", input=given)
-    return await store.create_claimed_stamped(task, work, access, "owner-1", LEASE_MS)
 
 
 class PlannedWrites:

@@ -18,6 +18,9 @@ pytestmark = [
 
 
 class TestSqliteStoreContract(StoreContract):
+    #: The store's writer process (the ``sqlite:`` URL form's default); off in code by default.
+    writer_process = False
+
     @pytest.fixture(autouse=True)
     def _database_dir(self, tmp_path: Path) -> None:
         self._dir = tmp_path
@@ -37,6 +40,7 @@ class TestSqliteStoreContract(StoreContract):
             clock=clock,
             max_tasks=max_tasks,
             max_active_tasks_per_scope=max_active_tasks_per_scope,
+            writer_process=self.writer_process,
         )
 
     def retryable(self, exc: BaseException) -> bool:
@@ -48,19 +52,4 @@ class TestSqliteStoreWriterContract(TestSqliteStoreContract):
     creations and planned settles committed by the child, everything else on the store's
     connection, both on one file."""
 
-    async def make_store(
-        self,
-        *,
-        scope: Scope,
-        clock: ManualClock,
-        max_tasks: int | None,
-        max_active_tasks_per_scope: int | None,
-    ) -> Store:
-        return SqliteStore(
-            self._dir / f"store-{next(self._names)}.db",
-            scope=scope,
-            clock=clock,
-            max_tasks=max_tasks,
-            max_active_tasks_per_scope=max_active_tasks_per_scope,
-            writer_process=True,
-        )
+    writer_process = True

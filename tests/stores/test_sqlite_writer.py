@@ -11,48 +11,33 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import sqlite3
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
+from sqlite_support import LEASE_MS, created_claimed, created_claimed_together, get, raw
 from tritask_sqlite import SqliteStore, _writer, _writer_child, open_store
 
 from tritask.tasks.events import Event
-from tritask.tasks.model import Snapshot, TaskStatus, new_task
+from tritask.tasks.model import TaskStatus
 from tritask.tasks.store import (
-    Action,
     AlreadyExists,
     CapacityExceeded,
-    Claimed,
     StaleLease,
     Transition,
 )
-from tritask.tasks.work import Work
-from tritask.testing.store_contract import START, ManualClock, by_tenant, tenant
+from tritask.testing.store_contract import START, ManualClock, by_tenant
 
 pytestmark = [
     pytest.mark.contract("tasks-durable-store"),
     pytest.mark.skipif(sys.platform == "win32", reason="the writer is POSIX-only"),
 ]
 
-A = tenant("tenant-a")
-LEASE_MS = 30_000
 DONE = {"content": [], "isError": False}
-
-
-@contextlib.contextmanager
-def raw(path: str | Path) -> Iterator[sqlite3.Connection]:
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        yield conn
-    finally:
-        conn.close()
 
 
 def dump(path: str | Path) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
@@ -72,32 +57,12 @@ def dump(path: str | Path) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]
     return tasks, events
 
 
-async def created_claimed(store: SqliteStore, task_id: str) -> Claimed:
-    access = await store.authorize(A, Action.CREATE, task_id)
-    task = new_task(task_id, 0, 60_000, 5)
-    work = Work(idempotency_key=task_id, type="contract", input={"taskId": task_id})
-    return await store.create_claimed_stamped(task, work, access, "owner-1", LEASE_MS)
-
-
-async def get(store: SqliteStore, task_id: str) -> Snapshot:
-    snapshot = await store.get(task_id, await store.authorize(A, Action.GET, task_id))
-    assert isinstance(snapshot, Snapshot), snapshot
-    return snapshot
-
-
 async def workload(store: SqliteStore, clock: ManualClock) -> list[object]:
     """Creations and settles, some concurrent, some the writer must leave to the store."""
     results: list[object] = []
     first = await created_claimed(store, "task-0")
     results.append(first.snapshot)
-    claims: dict[str, Claimed] = {}
-
-    async def make(task_id: str) -> None:
-        claims[task_id] = await created_claimed(store, task_id)
-
-    async with trio.open_nursery() as nursery:
-        for n in range(1, 9):
-            nursery.start_soon(make, f"task-{n}")
+    claims = await created_claimed_together(store, (f"task-{n}" for n in range(1, 9)))
     results.extend(claims[f"task-{n}"].snapshot for n in range(1, 9))
     clock.advance(5)
     settled: dict[str, object] = {}
@@ -204,14 +169,7 @@ async def test_a_killed_writer_loses_nothing_and_the_store_goes_on(tmp_path: Pat
         assert writer is not None and writer.pid is not None
         first = await created_claimed(store, "task-0")
         os.kill(writer.pid, signal.SIGKILL)
-        claims: dict[str, Claimed] = {}
-
-        async def make(task_id: str) -> None:
-            claims[task_id] = await created_claimed(store, task_id)
-
-        async with trio.open_nursery() as nursery:
-            for n in range(1, 21):
-                nursery.start_soon(make, f"task-{n}")
+        claims = await created_claimed_together(store, (f"task-{n}" for n in range(1, 21)))
         assert store.writer is None and writer.broken is not None
         done = Event.completed(DONE, id="done-0")
         result = await store.settle("task-0", 0, done, first.lease)
