@@ -510,36 +510,25 @@ async def _drive_tasks(params: TasksParams, servers: list[ServerProcess]) -> dic
         "writerUndecided": writer["undecided"],
         "serverThreadCpuMsPerTask": None if thread_cpu is None else _per_task_ms(thread_cpu, done),
         "serverThreadBusy": thread_busy,
-        "serverGcMsPerTask": _gc_ms_per_task(before, now, done),
-        "serverThreadSystemMsPerTask": _thread_system_ms_per_task(before, now, done),
+        # The cyclic collector's time, and the kernel's part of the event-loop thread's CPU.
+        "serverGcMsPerTask": _seconds_ms_per_task("gcSeconds", before, now, done),
+        "serverThreadSystemMsPerTask": _seconds_ms_per_task(
+            "threadSystemSeconds", before, now, done
+        ),
         "loadGeneratorCpuMsPerTask": _per_task_ms(client_cpu, done),
         "sampleStatuses": sorted(set(statuses)),
         "failures": failures,
     }
 
 
-def _gc_ms_per_task(
-    before: list[dict[str, Any]], now: list[dict[str, Any]], done: int
+def _seconds_ms_per_task(
+    key: str, before: list[dict[str, Any]], now: list[dict[str, Any]], done: int
 ) -> float | None:
-    """The servers' cyclic-collector time per task (``None`` when a server does not report it:
-    another checkout's, the peer)."""
-    if any("gcSeconds" not in stats for stats in (*before, *now)):
+    """The servers' counter of seconds ``key`` between two readings, per task (``None`` when a
+    server does not report it: another checkout's, the peer)."""
+    if any(key not in stats for stats in (*before, *now)):
         return None
-    seconds = sum(n["gcSeconds"] - b["gcSeconds"] for n, b in zip(now, before, strict=True))
-    return _per_task_ms(seconds, done)
-
-
-def _thread_system_ms_per_task(
-    before: list[dict[str, Any]], now: list[dict[str, Any]], done: int
-) -> float | None:
-    """The kernel's share of the servers' event-loop threads' CPU per task (``None`` when a
-    server does not report it)."""
-    if any("threadSystemSeconds" not in stats for stats in (*before, *now)):
-        return None
-    seconds = sum(
-        n["threadSystemSeconds"] - b["threadSystemSeconds"]
-        for n, b in zip(now, before, strict=True)
-    )
+    seconds = sum(n[key] - b[key] for n, b in zip(now, before, strict=True))
     return _per_task_ms(seconds, done)
 
 

@@ -416,7 +416,7 @@ def _peak_rss_kib() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 
 
-def _rss_kib_of(pid: int) -> int | None:
+def _rss_kib_of(pid: int | str) -> int | None:
     try:
         with open(f"/proc/{pid}/statm") as statm:
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
@@ -425,11 +425,8 @@ def _rss_kib_of(pid: int) -> int | None:
 
 
 def _current_rss_kib() -> int:
-    try:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
-    except OSError:
-        return _peak_rss_kib()
+    rss = _rss_kib_of("self")
+    return _peak_rss_kib() if rss is None else rss
 
 
 async def soak(args: argparse.Namespace) -> None:
