@@ -1,11 +1,13 @@
 """A store's hot path in one process, no HTTP: a steady measure for callgrind.
 
-``python -m stress.bench.storeloop N [memory|sqlite|writer]`` runs N tasks through the store as
-the runner of ``bench tasks`` does, 16 at a time: ``submit`` claimed (stamped, default limits),
-then ``settle`` with a completed result. ``memory`` is the memory store; ``sqlite`` a fresh
-SQLite file (FULL) writing on its own connection; ``writer`` the same with its writer process
-(``writer_process=True``, as ``tritask serve`` runs it). It prints the CPU time per task of this
-process (its threads, not the writer's) on stderr, and the writer's counts.
+``python -m stress.bench.storeloop N [memory|sqlite|writer|postgresql://...]`` runs N tasks
+through the store as the runner of ``bench tasks`` does, 16 at a time: ``submit`` claimed
+(stamped, default limits), then ``settle`` with a completed result. ``memory`` is the memory
+store; ``sqlite`` a fresh SQLite file (FULL) writing on its own connection; ``writer`` the same
+with its writer process (``writer_process=True``, as ``tritask serve`` runs it); a PostgreSQL
+URL a fresh schema there, dropped afterwards (the server's backends are not this process: its
+count is the store's Python and libpq on the trio thread). It prints the CPU time per task of
+this process (its threads, not the writer's) on stderr, and the writer's counts.
 
 Under callgrind the instruction count per task is the difference between two runs divided by
 the difference of their N (the start-up cancels out), steady whatever else the machine does,
@@ -17,7 +19,9 @@ and the writer process is not counted (valgrind does not follow children by defa
         python -m stress.bench.storeloop 1300 writer
 
 (``python`` must be the interpreter itself, not a shim script.) On 2026-12-02 at f3a674a:
-718.1k instructions per task for ``writer``, 598.5k for ``memory``.
+718.1k instructions per task for ``writer``, 598.5k for ``memory``. A PostgreSQL count (992.8k
+at 4dee7c7, on an Intel Xeon) is of smaller batches than at full speed: valgrind slows this
+process, not the server's backends, so fewer operations queue behind each round trip.
 """
 
 from __future__ import annotations
@@ -41,6 +45,13 @@ DONE: Final = {"content": [], "isError": False}
 
 
 async def run(n: int, kind: str, folder: str) -> None:
+    if kind.startswith(("postgresql:", "postgres:")):
+        from stress.common import prepared_store_url
+        from tritask.tasks.stores import open_store
+
+        async with prepared_store_url(kind) as url:
+            await loop(n, "postgresql", open_store(url, scope="shared"))
+        return
     store: Store
     if kind == "memory":
         store = MemoryStore(scope="shared")
@@ -49,18 +60,21 @@ async def run(n: int, kind: str, folder: str) -> None:
 
         path = os.path.join(folder, "loop.db")
         store = SqliteStore(path, scope="shared", writer_process=kind == "writer")
-    whole = store
-    assert queues(store), "the loop needs submit"
+    await loop(n, kind, store)
+
+
+async def loop(n: int, kind: str, store: Store) -> None:
     submitter = store
-    assert settles(whole), "the loop needs settle"
-    settler = whole
-    async with whole:
+    assert queues(submitter), "the loop needs submit"
+    settler = store
+    assert settles(settler), "the loop needs settle"
+    async with store:
         numbers = iter(range(n))
 
         async def client() -> None:
             for number in numbers:
                 task_id = f"task-{number:07d}"
-                access = await whole.authorize(None, Action.CREATE, task_id)
+                access = await store.authorize(None, Action.CREATE, task_id)
                 task = new_task(task_id, 0, 60_000, 5)
                 work = Work(idempotency_key=task_id, type="noop", input={"n": number})
                 claimed = await submitter.submit(
@@ -75,7 +89,7 @@ async def run(n: int, kind: str, folder: str) -> None:
             for _ in range(CLIENTS):
                 nursery.start_soon(client)
         cpu = time.process_time() - started
-        writer = getattr(whole, "writer", None)
+        writer = getattr(store, "writer", None)
         counts = "" if writer is None else f", writer wrote {writer.written}"
         counts += "" if writer is None else f" and left {writer.undecided} undecided"
         print(f"{kind}: {cpu * 1e6 / max(n, 1):.1f} µs of CPU per task{counts}", file=sys.stderr)
@@ -83,7 +97,8 @@ async def run(n: int, kind: str, folder: str) -> None:
 
 def main(argv: list[str]) -> int:
     kinds = ("memory", "sqlite", "writer")
-    if len(argv) not in (2, 3) or (len(argv) == 3 and argv[2] not in kinds):
+    url = len(argv) == 3 and argv[2].startswith(("postgresql:", "postgres:"))
+    if len(argv) not in (2, 3) or (len(argv) == 3 and argv[2] not in kinds and not url):
         print(__doc__, file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as folder:

@@ -348,3 +348,29 @@ def test_storeloop_smoke(kind: str) -> None:
     assert f"{kind}: " in done.stderr and " of CPU per task" in done.stderr
     if kind == "writer":
         assert "writer wrote 80 and left 0 undecided" in done.stderr
+
+
+@pytest.mark.skipif(not (POSTGRES and HAS_POSTGRES), reason="TRITASK_TEST_POSTGRES_DSN is not set")
+def test_storeloop_postgres_smoke() -> None:
+    assert POSTGRES is not None
+    done = subprocess.run(
+        [sys.executable, "-m", "stress.bench.storeloop", "40", POSTGRES],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "postgresql: " in done.stderr and " of CPU per task" in done.stderr
+
+
+def test_storeloop_refuses_an_unknown_store() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "stress.bench.storeloop", "40", "redis://localhost"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert "storeloop N [memory|sqlite|writer|postgresql://...]" in done.stderr
