@@ -183,6 +183,30 @@ _COLUMNS: Final = (
     "t.expires_at_us, t.retry_at_us, t.claim_owner, t.claim_token::text, t.lease_generation, "
     "t.claim_expires_at_us, t.queued_message, t.concurrency_key, t.concurrency_limit"
 )
+
+
+def _each_row(ids: str, columns: str, *, lock: bool) -> str:
+    """SQL selecting the rows of the task ids in the ``text[]`` parameter ``ids``, in task-id
+    order (the column's ``"C"`` collation), one primary-key probe per id (``FOR UPDATE`` each
+    with ``lock``, in that order, so two batches never wait for each other in opposite orders).
+
+    Why not ``WHERE t.task_id = ANY(ids)`` or ``EXISTS``: a prepared statement's generic plan
+    is made once, on its first executions, and kept until the table's statistics change. On
+    a new table those executions saw a few pages, for which a scan of the whole table (or a
+    hash of all its ids) is the cheaper plan, and without an autovacuum run in between the
+    plan kept scanning the table as it grew: two scans per batch, 4.4 million rows read for
+    6,000 tasks in one ``bench tasks`` round. A ``LATERAL`` subquery with ``LIMIT`` is never
+    pulled up into a join nor hashed: it is one probe of the index or one scan per id, and
+    the probe is the cheaper on a table never vacuumed (the planner assumes at least ten
+    pages) and on any table of more than a few pages. (On a vacuumed table of a page or two a
+    scan per id may be planned; the next statistics make the plan again.)"""
+    return (
+        f"SELECT {columns} FROM (SELECT w.id FROM unnest({ids}::text[]) AS w(id)"
+        ' ORDER BY w.id COLLATE "C") w CROSS JOIN LATERAL (SELECT * FROM {t} r'
+        " WHERE r.task_id = w.id LIMIT 1" + (" FOR UPDATE" if lock else "") + ") t"
+    )
+
+
 KEY_LOCK_CLASS: Final = 0x74726B79
 """First key of the concurrency-key advisory lock ('trky'); the second is ``hashtext(schema)``.
 Every claim that may grant a task with a concurrency key takes it, then counts the key's live
@@ -2314,8 +2338,7 @@ class _Queries:
             "WITH b AS (SELECT * FROM unnest(%(ids)s::text[], %(tokens)s::text[],"
             " %(generations)s::text[]::bigint[], %(expiries)s::text[]::bigint[])"
             " AS b(task_id, token, generation, expires_at)),"
-            " locked AS MATERIALIZED (SELECT t.task_id FROM {t} t"
-            " WHERE t.task_id = ANY(%(ids)s::text[]) ORDER BY t.task_id FOR UPDATE),"
+            " locked AS MATERIALIZED (" + _each_row("%(ids)s", "t.task_id", lock=True) + "),"
             " n AS MATERIALIZED (SELECT {now} AS now FROM (SELECT count(*) FROM locked) c)"
             " UPDATE {t} t SET claim_token = gen_random_uuid(),"
             f" claim_expires_at_us = LEAST(n.now::numeric + %(lease_us)s, {_MAX_BIGINT})::bigint,"
@@ -2384,8 +2407,9 @@ class _Queries:
         # tasks (up to max_active, from the partial index), as JSON arrays.
         self.batch_counts = q(
             "SELECT (SELECT sum(c.tasks)::bigint FROM {c} c),"
-            " (SELECT coalesce(json_agg(t.task_id), '[]')::text FROM {t} t"
-            " WHERE t.task_id = ANY(%(ids)s::text[])),"
+            " (SELECT coalesce(json_agg(t.task_id), '[]')::text FROM ("
+            + _each_row("%(ids)s", "t.task_id", lock=False)
+            + ") t),"
             " (SELECT coalesce(json_agg(json_build_array(s.scope, (SELECT count(*) FROM"
             " (SELECT 1 FROM {t} t WHERE t.scope = s.scope AND t.status IN {active}"
             " LIMIT %(max_active)s) b))), '[]')::text FROM unnest(%(scopes)s::text[]) s(scope))"
@@ -2471,7 +2495,9 @@ class _Queries:
             # 'ok' rows are inserted; the answer is one row per creation. NULL limits are none.
             verdicts = (
                 " x AS MATERIALIZED (SELECT b.ord, b.task_id, b.scope, b.status IN {active} AS act,"
-                " EXISTS (SELECT 1 FROM {t} e WHERE e.task_id = b.task_id) AS ex FROM b),"
+                # One probe per row (see ``_each_row``): not hashed, whatever the plan.
+                " (SELECT true FROM {t} e WHERE e.task_id = b.task_id LIMIT 1) IS NOT NULL AS ex"
+                " FROM b),"
                 " r AS MATERIALIZED (SELECT s.scope, %(max_active)s::bigint - (SELECT count(*)"
                 " FROM (SELECT 1 FROM {t} e WHERE e.scope = s.scope AND e.status IN {active}"
                 " LIMIT coalesce(%(max_active)s::bigint, 0)) a) AS room"
@@ -2551,8 +2577,7 @@ class _Queries:
             " AS b(task_id, expected, old, head, tail, revision, status, event_id, event_kind,"
             " event, floor, effects, owner, token, generation, expiry)),"
             # The rows locked first, in task-id order, as every batch locks them (``lock_many``).
-            " k AS MATERIALIZED (SELECT t.task_id FROM {t} t"
-            " WHERE t.task_id = ANY(%(ids)s::text[]) ORDER BY t.task_id FOR UPDATE),"
+            " k AS MATERIALIZED (" + _each_row("%(ids)s", "t.task_id", lock=True) + "),"
             f" u AS (UPDATE {{t}} t SET record = (p.head || {committed} || p.tail)::json,"
             " revision = p.revision, status = p.status, retry_at_us = NULL, claim_owner = NULL,"
             " claim_token = NULL, claim_expires_at_us = NULL, updated_at = clock_timestamp()"
@@ -2579,10 +2604,7 @@ class _Queries:
         # A batch's settles: every row locked by one statement, in task-id order (the sort is
         # below the lock), then in a statement of its own (after every lock was granted) the
         # clock and each settle's ledger row.
-        self.lock_many = q(
-            "SELECT " + cols + " FROM {t} t WHERE t.task_id = ANY(%(ids)s::text[])"
-            " ORDER BY t.task_id FOR UPDATE"
-        )
+        self.lock_many = q(_each_row("%(ids)s", cols, lock=True))
         # (The lateral subquery, not pulled up because of its LIMIT, is one primary-key lookup
         # per settle: a plain join was planned as a scan of the whole ledger for 30 ids.)
         self.now_and_seen_many = q(

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -708,7 +709,8 @@ async def bench_tasks(params: TasksParams) -> dict[str, Any]:
                     runs.append(await _tasks_run(params, url))
             if params.against is not None:
                 other = _fresh_store_url(params.store, workdir, f"against-{round_}.db")
-                againsts.append(await _tasks_run(params, other, params.against))
+                async with prepared_store_url(other) as other_url:
+                    againsts.append(await _tasks_run(params, other_url, params.against))
             if params.raw:
                 commits = max(1, round(runs[-1]["storeWritesPerTask"]))
                 raw = await raw_limit(
@@ -786,16 +788,25 @@ async def bench_tasks(params: TasksParams) -> dict[str, Any]:
 
 def check_against(params: TasksParams) -> None:
     """``--against`` needs a checkout with the benchmark's server, a store each round can
-    start fresh without this code's migrations (a PostgreSQL schema is migrated by this
-    checkout, which the other may not read), and the HTTP transport."""
+    start fresh, and the HTTP transport. A PostgreSQL URL without ``?schema=`` gets a fresh
+    schema per round, migrated by this checkout: a checkout that cannot read that schema
+    version fails to open it, and the benchmark stops with its error."""
     assert params.against is not None
     scheme = store_scheme(params.store)
     server = os.path.join(params.against, "stress", "bench", "servers.py")
     if not os.path.isfile(server):
         raise ValueError(f"--against {params.against!r}: no stress/bench/servers.py there")
-    fresh = scheme == "memory" or params.store in ("sqlite:", "sqlite:auto")
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(params.store).query)
+    fresh = (
+        scheme == "memory"
+        or params.store in ("sqlite:", "sqlite:auto")
+        or (scheme in ("postgresql", "postgres") and "schema" not in query)
+    )
     if not fresh:
-        raise ValueError("--against runs on memory: or sqlite:auto (a fresh file per round)")
+        raise ValueError(
+            "--against runs on memory:, sqlite:auto (a fresh file per round) or a"
+            " postgresql:// URL without ?schema= (a fresh schema per round)"
+        )
     if params.transport != "http":
         raise ValueError("--against compares servers: it needs --transport http")
 

@@ -104,7 +104,8 @@ def register_bench(commands: Any, common: Callable[[argparse.ArgumentParser], No
                 metavar="CHECKOUT",
                 help="also run each round's tritask side with the server of another checkout "
                 "of tritask (e.g. a git worktree of the commit before a change): before and "
-                "after side by side, on the same machine drift; SQLite and memory stores only",
+                "after side by side, on the same machine drift; memory:, sqlite:auto or "
+                "postgresql:// without ?schema= (a fresh store per round)",
             )
             parser.add_argument(
                 "--transport",

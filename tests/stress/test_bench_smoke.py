@@ -154,7 +154,11 @@ def test_bench_tasks_against_another_checkout_smoke() -> None:
 def test_bench_tasks_against_refuses_what_it_cannot_compare() -> None:
     for argv, message in (
         (["--against", str(ROOT / "no-such-checkout")], "no stress/bench/servers.py there"),
-        (["--store", "postgresql://127.0.0.1/x", "--against", str(ROOT)], "memory: or sqlite:auto"),
+        (["--store", "sqlite:/tmp/kept.db", "--against", str(ROOT)], "sqlite:auto (a fresh file"),
+        (
+            ["--store", "postgresql://127.0.0.1/x?schema=kept", "--against", str(ROOT)],
+            "without ?schema= (a fresh schema per round)",
+        ),
         (["--transport", "in-process", "--against", str(ROOT)], "--transport http"),
     ):
         done = subprocess.run(
@@ -183,6 +187,21 @@ def test_bench_tasks_in_process_smoke() -> None:
     assert result["tritask"]["cpuMsPerTask"] > 0
     assert result["baseline"]["commitsPerTask"] == 2
     assert result["target_met"] is None
+
+
+@pytest.mark.skipif(not (POSTGRES and HAS_POSTGRES), reason="TRITASK_TEST_POSTGRES_DSN is not set")
+def test_bench_tasks_against_another_checkout_postgres_smoke() -> None:
+    """On PostgreSQL each side's round gets a fresh schema of its own."""
+    assert POSTGRES is not None
+    result = bench(
+        "tasks", "--store", POSTGRES, "--tasks", "20", "--clients", "2", "--repeats", "1",
+        "--no-raw", "--no-memory", "--against", str(ROOT),
+    )  # fmt: skip
+    against = result["against"]
+    assert (against["completed"], against["sampleStatuses"]) == (20, ["completed"])
+    assert against["storeCalls"] == {"settle": 20, "submit": 20}
+    ours, theirs = result["tritask"]["tasksPerSecond"], against["tasksPerSecond"]
+    assert result["ratioToAgainst"] == round(ours / theirs, 3)
 
 
 @pytest.mark.skipif(not (POSTGRES and HAS_POSTGRES), reason="TRITASK_TEST_POSTGRES_DSN is not set")
