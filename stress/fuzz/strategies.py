@@ -171,7 +171,19 @@ def arguments_for(draw: Draw, tool: str, schema: Mapping[str, Any], *, task: boo
         arguments[draw(_NAMES | st.sampled_from(["ctx", "seconds", "kwargs"]))] = draw(json_values)
     if one_in(draw, 40):
         arguments[draw(_NAMES)] = draw(out_of_range)
+    if not task:
+        # A bent value of a hinted argument (``seconds`` replaced by any JSON value, 497
+        # say) would stall a direct call as surely as a drawn one: it is drawn again from
+        # its hint. (Its other bent values, of other types, are refused by the tool's schema.)
+        for name, value in arguments.items():
+            hint = ARGUMENT_HINTS.get((tool, name))
+            if hint is not None and _number(value) and value > 1:
+                arguments[name] = draw(hint(False))
     return arguments
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 # -- input responses ------------------------------------------------------------------------

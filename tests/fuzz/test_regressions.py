@@ -20,6 +20,8 @@ import httpx
 import pytest
 import trio
 import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stress.fuzz.eras import MODERN, TASKS_EXTENSION
 from stress.fuzz.session import LogWatch
@@ -271,3 +273,25 @@ async def test_the_fuzzer_splits_sse_lines_only_at_cr_and_lf() -> None:
     response = httpx.Response(200, content=body)
     lines = [line async for line in _sse_lines(response)]
     assert lines == ["id: 1", 'data: {"text": "a\u2028b\x85c"}', "", "data: x", "data: y"]
+
+
+SLOW_COMPUTE = {
+    "type": "object",
+    "properties": {"seconds": {"type": "number", "default": 1}, "label": {"type": "string"}},
+}
+
+
+@settings(max_examples=600, database=None)
+@given(st.data())
+def test_the_fuzzer_never_sends_a_direct_call_that_sleeps(data: st.DataObject) -> None:
+    """The fuzzer's second flake: bending a direct call's arguments (a declared argument
+    replaced by any JSON value) gave ``slow_compute`` ``{"seconds": 497}``, which the server
+    rightly ran for 497 s, and the fuzzer took for a hang. Direct calls stay short; a task may
+    be long."""
+    from stress.fuzz.session import _short
+    from stress.fuzz.strategies import arguments_for
+
+    arguments = arguments_for(data.draw, "slow_compute", SLOW_COMPUTE, task=False)
+    seconds = arguments.get("seconds") if isinstance(arguments, dict) else None
+    if isinstance(seconds, int | float) and not isinstance(seconds, bool):
+        assert _short(arguments), arguments  # what the fuzzer's ledger calls finishing at once
