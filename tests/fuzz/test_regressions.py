@@ -281,17 +281,22 @@ SLOW_COMPUTE = {
 }
 
 
+@st.composite
+def direct_slow_compute_arguments(draw: st.DrawFn) -> Any:
+    from stress.fuzz.strategies import arguments_for
+
+    return arguments_for(draw, "slow_compute", SLOW_COMPUTE, task=False)
+
+
 @settings(max_examples=600, database=None)
-@given(st.data())
-def test_the_fuzzer_never_sends_a_direct_call_that_sleeps(data: st.DataObject) -> None:
+@given(direct_slow_compute_arguments())
+def test_the_fuzzer_never_sends_a_direct_call_that_sleeps(arguments: Any) -> None:
     """The fuzzer's second flake: bending a direct call's arguments (a declared argument
     replaced by any JSON value) gave ``slow_compute`` ``{"seconds": 497}``, which the server
     rightly ran for 497 s, and the fuzzer took for a hang. Direct calls stay short; a task may
     be long."""
     from stress.fuzz.session import _short
-    from stress.fuzz.strategies import arguments_for
 
-    arguments = arguments_for(data.draw, "slow_compute", SLOW_COMPUTE, task=False)
     seconds = arguments.get("seconds") if isinstance(arguments, dict) else None
     if isinstance(seconds, int | float) and not isinstance(seconds, bool):
         assert _short(arguments), arguments  # what the fuzzer's ledger calls finishing at once
