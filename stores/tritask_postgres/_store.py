@@ -1160,7 +1160,16 @@ class PostgresStore:
             skipped: list[str] = []
             locked = [False]
             async with session.transaction():
-                running = dict((await session.execute(self._q.key_claims, self._params())).rows)
+                # The live claims of every key, read from the keys' claims index with
+                # sequential scans off for this one statement: planned as a scan of the whole
+                # table on a new one, that plan was kept, and each claim read every task
+                # (10,001 scans reading 99.8 million rows for 10,000 queued tasks).
+                _, claims, _ = await session.pipeline(
+                    (self._q.seqscan_off, None),
+                    (self._q.key_claims, self._params()),
+                    (self._q.seqscan_default, None),
+                )
+                running = dict(claims.rows)
                 busy = sorted(running)
                 while True:  # level 0
                     found = await session.execute(
@@ -2372,6 +2381,10 @@ class _Queries:
             " EXISTS (SELECT 1 FROM {t} t, n WHERE t.concurrency_key = %(key)s::text"
             f" AND {claimable})"
         )
+        # Planner settings around one statement (see ``claim_next``): a prepared statement's
+        # plan is made under the settings of the executions that make it, and kept.
+        self.seqscan_off = q("SET LOCAL enable_seqscan = off")
+        self.seqscan_default = q("SET LOCAL enable_seqscan TO DEFAULT")
         self.key_claims = q(
             "WITH n AS MATERIALIZED (SELECT {now} AS now)"
             " SELECT t.concurrency_key, count(*) FROM {t} t, n"
