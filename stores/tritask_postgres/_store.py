@@ -1291,7 +1291,16 @@ class PostgresStore:
         )
 
         async def run(session: Session) -> list[tuple[Any, ...]]:
-            return (await session.execute(self._q.renew_all, params)).fetchall()
+            # Sequential scans off for the statement (its UPDATE found the rows by their owner
+            # with a scan of the table, planned so on a new one and kept), in one round trip.
+            async with session.transaction():
+                _, renewed, _, _ = await session.pipeline(
+                    (self._q.seqscan_off, None),
+                    (self._q.renew_all, params),
+                    (self._q.seqscan_default, None),
+                    (COMMIT, None),
+                )
+            return renewed.fetchall()
 
         for task_id, revision, token, expires_at in await self._run(run):
             index = wanted[task_id]
@@ -2060,9 +2069,15 @@ class PostgresStore:
                 )
                 ids = [_decode_row(values).task_id for values in found.rows]  # validate first
                 if ids:
-                    await session.execute(
-                        self._q.reap_delete,
-                        {"ids": ids, "changes": self._changes_channel, "origin": self._origin},
+                    # Sequential scans off for the statement: ``task_id = ANY(ids)`` was
+                    # planned on a new table as a scan of it, and kept.
+                    await session.pipeline(
+                        (self._q.seqscan_off, None),
+                        (
+                            self._q.reap_delete,
+                            {"ids": ids, "changes": self._changes_channel, "origin": self._origin},
+                        ),
+                        (self._q.seqscan_default, None),
                     )
             return sorted(ids)
 
@@ -2381,8 +2396,9 @@ class _Queries:
             " EXISTS (SELECT 1 FROM {t} t, n WHERE t.concurrency_key = %(key)s::text"
             f" AND {claimable})"
         )
-        # Planner settings around one statement (see ``claim_next``): a prepared statement's
-        # plan is made under the settings of the executions that make it, and kept.
+        # Planner settings around one statement (``claim_next``, ``renew_all``, ``reap``): a
+        # prepared statement's plan is made under the settings of the executions that make
+        # it, and kept.
         self.seqscan_off = q("SET LOCAL enable_seqscan = off")
         self.seqscan_default = q("SET LOCAL enable_seqscan TO DEFAULT")
         self.key_claims = q(

@@ -18,7 +18,8 @@ from tritask_postgres import PostgresStore
 from tritask_postgres._native import Statement
 from tritask_postgres._store import _Queries
 
-from tritask.testing.store_contract import by_tenant
+from tritask.tasks.store import Renewed
+from tritask.testing.store_contract import ManualClock, by_tenant
 
 pytestmark = pytest.mark.postgres
 
@@ -77,39 +78,104 @@ def scanned_rows(dsn: str, schema: str) -> int:
     return int(found[0])
 
 
+def one_connection_store(
+    schemas: SchemaFactory, schema: str, clock: ManualClock | None = None
+) -> PostgresStore:
+    """A store with one pooled connection: every statement runs under the plans its first
+    executions made."""
+    return PostgresStore(
+        schemas.dsn,
+        schema=schema,
+        scope=by_tenant,
+        clock=clock,
+        pool_size=1,
+        max_active_tasks_per_scope=None,
+        application_name=f"plans-{schema}",
+    )
+
+
+async def grow(store: PostgresStore, ttl_ms: int | None = 60_000) -> None:
+    """``GROWN`` more tasks, queued, 16 creations at a time."""
+
+    async def creator(first: int) -> None:
+        for n in range(first, GROWN, 16):
+            await create(store, f"task-{n:04d}", ttl_ms=ttl_ms)
+
+    async with trio.open_nursery() as nursery:
+        for first in range(16):
+            nursery.start_soon(creator, first)
+
+
+async def assert_no_table_scans(schemas: SchemaFactory, schema: str) -> None:
+    """After the store closed: fewer rows of ``tasks`` read by sequential scans than one scan
+    of the grown table would read."""
+    await assert_disconnected(schemas.dsn, f"plans-{schema}")  # statistics flushed on exit
+    read = await settled_scanned_rows(schemas.dsn, schema)
+    assert read < GROWN, f"{read} rows of tasks read by sequential scans"
+
+
 async def test_claim_next_reads_the_key_claims_index_as_the_table_grows(
     pg_schemas: SchemaFactory,  # noqa: F811
 ) -> None:
     """``claim_next`` counts every key's live claims first. Planned on a nearly empty table,
     that count was a scan of the table, kept as the table grew: every claim read every
-    task. One connection, so every statement runs under the plans the first claims made."""
+    task (40,196 rows here)."""
     schema = await pg_schemas.migrated()
-    name = f"plans-{schema}"
-    store = PostgresStore(
-        pg_schemas.dsn,
-        schema=schema,
-        scope=by_tenant,
-        pool_size=1,
-        max_active_tasks_per_scope=None,
-        application_name=name,
-    )
-    async with store:
+    async with one_connection_store(pg_schemas, schema) as store:
         for n in range(8):  # the plans are made here (a generic one after five executions)
             await create(store, f"early-{n}")
             assert await store.claim_next("worker", LEASE_MS) is not None
-
-        async def creator(first: int) -> None:
-            for n in range(first, GROWN, 16):
-                await create(store, f"task-{n:04d}")
-
-        async with trio.open_nursery() as nursery:
-            for first in range(16):
-                nursery.start_soon(creator, first)
+        await grow(store)
         for _ in range(20):
             assert await store.claim_next("worker", LEASE_MS) is not None
-    await assert_disconnected(pg_schemas.dsn, name)  # its statistics are flushed on exit
-    read = await settled_scanned_rows(pg_schemas.dsn, schema)
-    assert read < GROWN, f"{read} rows of tasks read by sequential scans"
+    await assert_no_table_scans(pg_schemas, schema)
+
+
+async def test_renew_all_finds_its_rows_by_the_key_as_the_table_grows(
+    pg_schemas: SchemaFactory,  # noqa: F811
+) -> None:
+    """The heartbeat's ``UPDATE`` found the owner's rows by a scan of the table, planned so
+    on a new one and kept (20,144 rows here: a scan per heartbeat)."""
+    schema = await pg_schemas.migrated()
+    async with one_connection_store(pg_schemas, schema) as store:
+        leases = []
+        for n in range(8):
+            await create(store, f"early-{n}")
+            claimed = await store.claim_next("worker", LEASE_MS)
+            assert claimed is not None
+            leases.append(claimed.lease)
+        for _ in range(8):
+            renewed = await store.renew_all("worker", leases, LEASE_MS)
+            leases = [result.lease for result in renewed if isinstance(result, Renewed)]
+            assert len(leases) == 8
+        await grow(store)
+        for _ in range(10):
+            renewed = await store.renew_all("worker", leases, LEASE_MS)
+            leases = [result.lease for result in renewed if isinstance(result, Renewed)]
+            assert len(leases) == 8
+    await assert_no_table_scans(pg_schemas, schema)
+
+
+async def test_reap_deletes_by_the_key_as_the_table_grows(
+    pg_schemas: SchemaFactory,  # noqa: F811
+) -> None:
+    """``reap`` deleted its expired tasks with ``task_id = ANY(ids)``, planned on a new table
+    as a scan of it and kept: every reap read every task (20,018 rows here)."""
+    schema = await pg_schemas.migrated()
+    clock = ManualClock()
+    async with one_connection_store(pg_schemas, schema, clock) as store:
+
+        async def reap_one(task_id: str) -> None:
+            await create(store, task_id, ttl_ms=1_000)
+            clock.advance(2_000)
+            assert await store.reap() == [task_id]
+
+        for n in range(8):
+            await reap_one(f"early-{n}")
+        await grow(store, ttl_ms=3_600_000)
+        for n in range(10):
+            await reap_one(f"late-{n}")
+    await assert_no_table_scans(pg_schemas, schema)
 
 
 async def settled_scanned_rows(dsn: str, schema: str) -> int:
