@@ -509,6 +509,7 @@ async def _drive_tasks(params: TasksParams, servers: list[ServerProcess]) -> dic
         ),
         "writerWritten": writer["written"],
         "writerUndecided": writer["undecided"],
+        "writerBatches": writer["batches"],
         "serverThreadCpuMsPerTask": None if thread_cpu is None else _per_task_ms(thread_cpu, done),
         "serverThreadBusy": thread_busy,
         # The cyclic collector's time, and the kernel's part of the event-loop thread's CPU.
@@ -534,14 +535,24 @@ def _seconds_ms_per_task(
 
 
 def _writer_figures(before: list[dict[str, Any]], now: list[dict[str, Any]]) -> dict[str, Any]:
-    """The SQLite writer processes' CPU seconds and items written and left undecided between
-    two readings (``None`` counts: no server has one)."""
-    figures: dict[str, Any] = {"writer_cpu": 0.0, "written": None, "undecided": None}
+    """The SQLite writer processes' CPU seconds, items written and left undecided, and the
+    batches they were sent in, between two readings (``None`` counts: no server has one)."""
+    figures: dict[str, Any] = {
+        "writer_cpu": 0.0,
+        "written": None,
+        "undecided": None,
+        "batches": None,
+    }
+    names = (
+        ("written", "writerWritten"),
+        ("undecided", "writerUndecided"),
+        ("batches", "writerBatches"),
+    )
     for n, b in zip(now, before, strict=True):
         if n.get("writerCpuSeconds") is None or b.get("writerCpuSeconds") is None:
             continue
         figures["writer_cpu"] += n["writerCpuSeconds"] - b["writerCpuSeconds"]
-        for key, name in (("written", "writerWritten"), ("undecided", "writerUndecided")):
+        for key, name in names:
             figures[key] = (figures[key] or 0) + n[name] - b[name]
     return figures
 

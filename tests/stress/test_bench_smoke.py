@@ -126,8 +126,10 @@ def test_bench_tasks_sqlite_smoke() -> None:
     # the median round, and its CPU is part of the server's.
     writer = result["tritask"]
     assert (writer["writerWritten"], writer["writerUndecided"]) == (40, 0)
+    assert 1 <= writer["writerBatches"] <= 40  # one batch in flight: items queue behind it
     assert 0 <= writer["writerCpuMsPerTask"] <= writer["serverCpuMsPerTask"]
     assert result["memory"]["writerWritten"] is None
+    assert result["memory"]["writerBatches"] is None
     assert result["memory"]["writerCpuMsPerTask"] is None
     assert isinstance(result["ratio"], float)
     assert isinstance(result["target_met"], bool)
