@@ -1165,9 +1165,7 @@ class PostgresStore:
                 # table on a new one, that plan was kept, and each claim read every task
                 # (10,001 scans reading 99.8 million rows for 10,000 queued tasks).
                 _, claims, _ = await session.pipeline(
-                    (self._q.seqscan_off, None),
-                    (self._q.key_claims, self._params()),
-                    (self._q.seqscan_default, None),
+                    *self._q.without_seqscan((self._q.key_claims, self._params()))
                 )
                 running = dict(claims.rows)
                 busy = sorted(running)
@@ -1295,10 +1293,7 @@ class PostgresStore:
             # with a scan of the table, planned so on a new one and kept), in one round trip.
             async with session.transaction():
                 _, renewed, _, _ = await session.pipeline(
-                    (self._q.seqscan_off, None),
-                    (self._q.renew_all, params),
-                    (self._q.seqscan_default, None),
-                    (COMMIT, None),
+                    *self._q.without_seqscan((self._q.renew_all, params)), (COMMIT, None)
                 )
             return renewed.fetchall()
 
@@ -2071,14 +2066,8 @@ class PostgresStore:
                 if ids:
                     # Sequential scans off for the statement: ``task_id = ANY(ids)`` was
                     # planned on a new table as a scan of it, and kept.
-                    await session.pipeline(
-                        (self._q.seqscan_off, None),
-                        (
-                            self._q.reap_delete,
-                            {"ids": ids, "changes": self._changes_channel, "origin": self._origin},
-                        ),
-                        (self._q.seqscan_default, None),
-                    )
+                    delete = {"ids": ids, "changes": self._changes_channel, "origin": self._origin}
+                    await session.pipeline(*self._q.without_seqscan((self._q.reap_delete, delete)))
             return sorted(ids)
 
         reaped = await self._run(run)
@@ -2399,8 +2388,8 @@ class _Queries:
         # Planner settings around one statement (``claim_next``, ``renew_all``, ``reap``): a
         # prepared statement's plan is made under the settings of the executions that make
         # it, and kept.
-        self.seqscan_off = q("SET LOCAL enable_seqscan = off")
-        self.seqscan_default = q("SET LOCAL enable_seqscan TO DEFAULT")
+        self._seqscan_off = q("SET LOCAL enable_seqscan = off")
+        self._seqscan_default = q("SET LOCAL enable_seqscan TO DEFAULT")
         self.key_claims = q(
             "WITH n AS MATERIALIZED (SELECT {now} AS now)"
             " SELECT t.concurrency_key, count(*) FROM {t} t, n"
@@ -2682,6 +2671,14 @@ class _Queries:
             + ") FROM d WHERE %(changes)s::text IS NOT NULL)"
             " SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM nt)"
         )
+
+    def without_seqscan(
+        self, call: tuple[Statement, Mapping[str, object] | None]
+    ) -> tuple[tuple[Statement, Mapping[str, object] | None], ...]:
+        """``call`` between turning sequential scans off and back to the default, for a
+        pipeline in a transaction (see ``_seqscan_off``): the three calls, ``call``'s result
+        the second."""
+        return (self._seqscan_off, None), call, (self._seqscan_default, None)
 
 
 def open_store(url: str, **options: Any) -> PostgresStore:
