@@ -23,14 +23,15 @@ HAS_SQLITE = importlib.util.find_spec("tritask_sqlite") is not None
 HAS_POSTGRES = importlib.util.find_spec("tritask_postgres") is not None
 
 
-def bench(*argv: str, expect_ok: bool = True) -> dict[str, Any]:
-    done = subprocess.run(
-        [sys.executable, "-m", "stress", "bench", *argv, "--json"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
+def python_module(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``python -m ARGV`` from the repository's root, its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", *argv], capture_output=True, text=True, cwd=ROOT, timeout=timeout
     )
+
+
+def bench(*argv: str, expect_ok: bool = True) -> dict[str, Any]:
+    done = python_module("stress", "bench", *argv, "--json")
     lines = done.stdout.splitlines()
     assert len(lines) == 1, (done.stdout, done.stderr[-3000:])
     result: dict[str, Any] = json.loads(lines[0])
@@ -163,13 +164,7 @@ def test_bench_tasks_against_refuses_what_it_cannot_compare() -> None:
         ),
         (["--transport", "in-process", "--against", str(ROOT)], "--transport http"),
     ):
-        done = subprocess.run(
-            [sys.executable, "-m", "stress", "bench", "tasks", *argv, "--json"],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            timeout=60,
-        )
+        done = python_module("stress", "bench", "tasks", *argv, "--json", timeout=60)
         assert (done.returncode, done.stdout) == (2, ""), done.stderr
         assert message in done.stderr
 
@@ -344,13 +339,7 @@ def test_bench_listen_smoke() -> None:
 
 @pytest.mark.parametrize("mode", ["echo", "bare", "floor"])
 def test_httploop_smoke(mode: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "stress.bench.httploop", "20", mode],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
+    done = python_module("stress.bench.httploop", "20", mode)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"20 requests ({mode}): " in done.stderr
 
@@ -358,13 +347,7 @@ def test_httploop_smoke(mode: str) -> None:
 @pytest.mark.skipif(not HAS_SQLITE, reason="the SQLite store is not installed")
 @pytest.mark.parametrize("kind", ["memory", "sqlite", "writer"])
 def test_storeloop_smoke(kind: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "stress.bench.storeloop", "40", kind],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
+    done = python_module("stress.bench.storeloop", "40", kind)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"{kind}: " in done.stderr and " of CPU per task" in done.stderr
     if kind == "writer":
@@ -374,24 +357,12 @@ def test_storeloop_smoke(kind: str) -> None:
 @pytest.mark.skipif(not (POSTGRES and HAS_POSTGRES), reason="TRITASK_TEST_POSTGRES_DSN is not set")
 def test_storeloop_postgres_smoke() -> None:
     assert POSTGRES is not None
-    done = subprocess.run(
-        [sys.executable, "-m", "stress.bench.storeloop", "40", POSTGRES],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
+    done = python_module("stress.bench.storeloop", "40", POSTGRES)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "postgresql: " in done.stderr and " of CPU per task" in done.stderr
 
 
 def test_storeloop_refuses_an_unknown_store() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "stress.bench.storeloop", "40", "redis://localhost"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
+    done = python_module("stress.bench.storeloop", "40", "redis://localhost")
     assert done.returncode == 2
     assert "storeloop N [memory|sqlite|writer|postgresql://...]" in done.stderr
